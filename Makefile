@@ -1,0 +1,39 @@
+# User-facing verbs of the patch set. `make wheel` and `make test` are all a newcomer needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY ?=
+ARCH ?=
+VERSION ?=
+TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
+TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
+PYTEST_ARGS ?=
+
+.PHONY: wheel wheels assemble test venv diffs check-pin lint bench clean
+
+wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
+	$(TOOL) wheel $(TARGET_ARGS)
+
+wheels:           ## all pinned targets
+	$(TOOL) wheel --all
+
+assemble:         ## build/<target>/vllm_ascend only
+	$(TOOL) assemble $(TARGET_ARGS)
+
+venv:             ## the CPU test environment in .venv
+	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_test_env.sh
+
+test: venv assemble
+	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+diffs:            ## git am-able series per feature under dist/upstream/
+	$(TOOL) diffs
+
+check-pin:        ## does the series apply to another release? make check-pin VERSION=x.y.z
+	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }
+	$(TOOL) check-pin $(VERSION)
+
+lint: venv
+	$(VENV)/bin/pre-commit run --all-files
+
+clean:
+	rm -rf build dist

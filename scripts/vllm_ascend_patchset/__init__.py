@@ -1,0 +1,1 @@
+"""Tooling that turns the pinned vllm-ascend release plus our patch set into a wheel."""

@@ -1,0 +1,171 @@
+"""The pinned upstream release: which files, their hashes, and a verified local cache.
+
+Every artefact the build reads is named in ``pin.json`` with its sha256. Files are
+downloaded from the package index that pip is configured with (``PIP_INDEX_URL`` or
+pip's default) into a cache folder that git ignores, and refused when the hash differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PIN_FILE = ROOT / "pin.json"
+
+
+class PinError(RuntimeError):
+    """A pinned input cannot be had or does not verify."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One wheel flavour: CPython tag (``cp311``) and machine (``x86_64``)."""
+
+    py: str
+    arch: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.py}-{self.arch}"
+
+    @property
+    def platform_tag(self) -> str:
+        return f"manylinux_2_34_{self.arch}"
+
+    @classmethod
+    def host(cls) -> Target:
+        return cls(f"cp{sys.version_info.major}{sys.version_info.minor}", platform.machine())
+
+
+@dataclass(frozen=True)
+class Pin:
+    project: str
+    version: str
+    git_tag: str
+    git_commit: str
+    vllm_version: str
+    local_version: str
+    wheels: dict[str, str]
+    sdist: dict[str, str]
+
+    @classmethod
+    def load(cls, path: Path = PIN_FILE) -> Pin:
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError as exc:
+            raise PinError(f"{path}: pin file missing; restore it from git") from exc
+        except json.JSONDecodeError as exc:
+            raise PinError(f"{path}: not valid JSON ({exc}); fix the syntax") from exc
+        keys = ("project", "version", "git_tag", "git_commit", "vllm_version", "local_version", "wheels", "sdist")
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise PinError(f"{path}: missing key(s) {', '.join(missing)}")
+        return cls(**{k: data[k] for k in keys})
+
+    @property
+    def dist_name(self) -> str:
+        return self.project.replace("-", "_")
+
+    def targets(self) -> list[Target]:
+        out = []
+        for name in sorted(self.wheels):
+            # vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl
+            parts = name[: -len(".whl")].split("-")
+            out.append(Target(parts[2], parts[4].removeprefix("manylinux_2_34_")))
+        return out
+
+    def wheel_name(self, target: Target) -> str:
+        name = f"{self.dist_name}-{self.version}-{target.py}-{target.py}-{target.platform_tag}.whl"
+        if name not in self.wheels:
+            known = ", ".join(f"PY={t.py} ARCH={t.arch}" for t in self.targets())
+            raise PinError(f"no pinned wheel for {target.name}; pinned targets: {known}")
+        return name
+
+    def all_files(self) -> dict[str, str]:
+        return {**self.wheels, **self.sdist}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PATCHSET_CACHE", ROOT / ".cache"))
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def index_url() -> str:
+    url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        from pip._internal.models.index import PyPI  # pip's own default index
+
+        url = PyPI.simple_url
+    return url.rstrip("/")
+
+
+def _index_links(project: str) -> dict[str, tuple[str, str | None]]:
+    """File name -> (url, sha256 the index states) from the PEP 691 JSON simple API."""
+    url = f"{index_url()}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = json.load(resp)
+    return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+
+
+def _download(url: str, dest: Path) -> None:
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    with urllib.request.urlopen(url, timeout=300) as resp, open(tmp, "wb") as out:
+        while block := resp.read(1 << 20):
+            out.write(block)
+    tmp.replace(dest)
+
+
+def fetch(filename: str, sha256: str | None, project: str, *, offline: bool = False) -> Path:
+    """Return the cached, verified file; download it (again, once) when needed.
+
+    ``sha256=None`` trusts the index's own hash (used only by the re-pin check, for a
+    release that is not pinned yet).
+    """
+    dest_dir = cache_dir() / "downloads"
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    dest = dest_dir / filename
+    if dest.exists() and (sha256 is None or sha256_of(dest) == sha256):
+        return dest
+    if offline or os.environ.get("PATCHSET_OFFLINE") == "1":
+        raise PinError(
+            f"{filename} is not in the cache {dest_dir} and downloads are off; "
+            f"copy the file there (sha256 {sha256}) or allow network access"
+        )
+    try:
+        links = _index_links(project)
+        if filename not in links:
+            raise PinError(f"{filename}: the package index {index_url()} does not list this file")
+        url, index_hash = links[filename]
+        _download(url, dest)
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise PinError(
+            f"cannot download {filename} from {index_url()} ({exc}); with no network, put the file "
+            f"(sha256 {sha256}) into {dest_dir}"
+        ) from exc
+    expected = sha256 or index_hash
+    actual = sha256_of(dest)
+    if expected and actual != expected:
+        dest.unlink()
+        raise PinError(f"{filename}: sha256 mismatch: expected {expected}, got {actual}")
+    return dest
+
+
+def fetch_wheel(pin: Pin, target: Target) -> Path:
+    name = pin.wheel_name(target)
+    return fetch(name, pin.wheels[name], pin.project)

@@ -1,0 +1,29 @@
+"""Test session set-up: import vllm_ascend from the assembled tree, stub NPU modules.
+
+``make test`` assembles ``build/<target>/vllm_ascend`` first; the tests import exactly
+that tree (the one the wheel packs), never an installed upstream vllm_ascend.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from vllm_ascend_patchset.pin import Target  # noqa: E402
+
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("VLLM_PLUGINS", "")  # pure vLLM unless a test asks for the plugin
+
+ASSEMBLED = ROOT / "build" / os.environ.get("PATCHSET_TARGET", Target.host().name)
+if not (ASSEMBLED / "vllm_ascend" / "__init__.py").exists():
+    raise RuntimeError(f"{ASSEMBLED}/vllm_ascend is not assembled; run 'make test' (or 'make assemble') first")
+sys.path.insert(0, str(ASSEMBLED))
+
+import npu_stubs  # noqa: E402
+
+npu_stubs.install()

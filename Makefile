@@ -8,7 +8,7 @@ TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs check-pin lint bench clean
+.PHONY: wheel wheels assemble test venv diffs check-pin lint format bench clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -32,8 +32,11 @@ check-pin:        ## does the series apply to another release? make check-pin VE
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }
 	$(TOOL) check-pin $(VERSION)
 
-lint: venv
-	$(VENV)/bin/pre-commit run --all-files
+lint: venv        ## ruff check + format check through the pre-commit local hooks
+	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pre-commit run --all-files
+
+format: venv      ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
 clean:
 	rm -rf build dist

@@ -55,7 +55,20 @@ def pristine_tree(wheel: Path) -> Path:
 
 
 def _patch_cmd(patch: Patch, tree: Path, dry_run: bool) -> subprocess.CompletedProcess:
-    cmd = ["patch", "-p1", "--fuzz=0", "--batch", "--forward", "--no-backup-if-mismatch", "-r", "-", "-d", str(tree), "-i", str(patch.path)]
+    cmd = [
+        "patch",
+        "-p1",
+        "--fuzz=0",
+        "--batch",
+        "--forward",
+        "--no-backup-if-mismatch",
+        "-r",
+        "-",
+        "-d",
+        str(tree),
+        "-i",
+        str(patch.path),
+    ]
     if dry_run:
         cmd.insert(1, "--dry-run")
     return subprocess.run(cmd, capture_output=True, text=True)
@@ -107,9 +120,7 @@ def check_overlay(overlay: list[OverlayFile], patches: list[Patch], pristine_pkg
                 f"{entry.repo_path}; declare it 'new'"
             )
         if entry.repo_path in patched:
-            raise SeriesError(
-                f"{entry.repo_path} is both patched and replaced by the overlay; keep one of the two"
-            )
+            raise SeriesError(f"{entry.repo_path} is both patched and replaced by the overlay; keep one of the two")
 
 
 def assemble(

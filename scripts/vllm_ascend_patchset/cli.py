@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .pin import Pin, PinError, Target
 
@@ -21,6 +22,41 @@ def cmd_assemble(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_wheel(args: argparse.Namespace) -> int:
+    from .wheel import build_wheel
+
+    pin = Pin.load()
+    targets = pin.targets() if args.all else [_target(args)]
+    for target in targets:
+        pin.wheel_name(target)  # an unknown target is an error listing the pinned ones
+    for target in targets:
+        built = build_wheel(target, pin=pin)
+        print(f"{built.path.relative_to(Path.cwd()) if built.path.is_relative_to(Path.cwd()) else built.path}")
+        print(f"  {built.size} bytes, {built.files} files, sha256 {built.sha256} (RECORD verified, installs)")
+    return 0
+
+
+def cmd_diffs(args: argparse.Namespace) -> int:
+    from .assemble import assemble
+    from .diffs import write_diffs
+
+    written = write_diffs(assemble(_target(args)))
+    for feature, paths in written.items():
+        print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
+    return 0
+
+
+def cmd_check_pin(args: argparse.Namespace) -> int:
+    from .check import check_release
+
+    results = check_release(args.version, _target(args))
+    for r in results:
+        print(f"{'ok  ' if r.ok else 'FAIL'} {r.item}: {r.detail}")
+    failed = sum(not r.ok for r in results)
+    print(f"{len(results) - failed} of {len(results)} apply to vllm-ascend {args.version}")
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm-ascend-patchset", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -28,6 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py", help="CPython tag, e.g. cp311 (default: this interpreter)")
     p.add_argument("--arch", help="x86_64 or aarch64 (default: this machine)")
     p.set_defaults(func=cmd_assemble)
+    p = sub.add_parser("wheel", help="build and verify dist/vllm_ascend-<version>+<label>-<tags>.whl")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.add_argument("--all", action="store_true", help="every pinned target")
+    p.set_defaults(func=cmd_wheel)
+    p = sub.add_parser("diffs", help="git am-able series per feature under dist/upstream/")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_diffs)
+    p = sub.add_parser("check-pin", help="report whether each patch applies to another upstream release")
+    p.add_argument("version")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_check_pin)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

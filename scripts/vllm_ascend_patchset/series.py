@@ -139,14 +139,19 @@ def load_overlay(patch_dir: Path = PATCH_DIR, overlay_dir: Path = OVERLAY_DIR) -
             parts = line.split()
             if len(parts) != 3 or parts[2] not in ("new", "replaces") or parts[1] not in FEATURES:
                 raise SeriesError(
-                    f"{manifest}:{n}: expected '<path under vllm_ascend/> <{'|'.join(FEATURES)}> <new|replaces>', got '{raw}'"
+                    f"{manifest}:{n}: expected '<path under vllm_ascend/> <{'|'.join(FEATURES)}> <new|replaces>', "
+                    f"got '{raw}'"
                 )
             entries[parts[0]] = OverlayFile(parts[0], parts[1], parts[2] == "replaces")
-    present = sorted(
-        p.relative_to(overlay_dir).as_posix()
-        for p in overlay_dir.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
-    ) if overlay_dir.exists() else []
+    present = (
+        sorted(
+            p.relative_to(overlay_dir).as_posix()
+            for p in overlay_dir.rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc")
+        )
+        if overlay_dir.exists()
+        else []
+    )
     unlisted = [p for p in present if p not in entries]
     if unlisted:
         raise SeriesError(

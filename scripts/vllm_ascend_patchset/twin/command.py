@@ -1,0 +1,227 @@
+"""``cpp-twin``: compare fixed chunking, tuned fixed, upstream CPP and ours on one surface.
+
+    python -m vllm_ascend_patchset.twin --workload long:128k,mixed --stages 4 [--plot DIR] [--tune]
+
+For every (stage count, workload) pair the same requests run under each policy in one
+invocation: vLLM's fixed chunk at ``--chunk`` (= max_num_batched_tokens), the best
+fixed chunk of ``--sweep`` ("tuned fixed", by mean TTFT), upstream v0.23.0's CPP and
+ours (when our scheduler is assembled), all with base chunk ``--chunk``. The table's
+ratios are mean TTFT over tuned fixed's and over upstream's (< 1 is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import policies as pol
+from .report import Figures, figures_from_result, format_table
+from .surface import load_surface
+from .workloads import Workload, long_prompt, mixed
+
+CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
+
+
+def parse_tokens(text: str) -> int:
+    text = text.strip().lower()
+    factor = 1024 if text.endswith("k") else 1
+    value = int(float(text[:-1] if factor > 1 else text) * factor)
+    if value <= 0:
+        raise ValueError(f"token count must be > 0, got {text!r}")
+    return value
+
+
+def default_surface() -> str:
+    return str(CPU_SURFACE) if CPU_SURFACE.exists() else "synthetic"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="cpp-twin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--surface",
+        default=None,
+        help="latency surface: a CSV (chunk_tokens,history_tokens,latency_ms), the profile JSON the engine saved,\n"
+        "'synthetic', or quadratic:C0,C1,C2,C3,C4 (default: tests/data/cpu_surface.csv if present, else synthetic)",
+    )
+    p.add_argument("--stages", default="4", help="pipeline stages P, comma-separated (e.g. 2,4,8)")
+    p.add_argument(
+        "--workload",
+        default="long:128k",
+        help="comma-separated: long:<tokens> (one prompt, e.g. long:128k) or mixed (Poisson traffic)",
+    )
+    p.add_argument("--chunk", type=parse_tokens, default=8192, help="max_num_batched_tokens / CPP base chunk")
+    p.add_argument(
+        "--sweep",
+        default=",".join(str(c) for c in pol.FIXED_SWEEP_TOKENS),
+        help="fixed chunk sizes searched for tuned fixed",
+    )
+    p.add_argument("--policies", default="fixed,tuned,upstream,ours", help="subset of fixed,tuned,upstream,ours")
+    p.add_argument("--smooth-factor", type=float, default=None, help="CPP smooth_factor (default: each scheduler's)")
+    p.add_argument("--min-chunk", type=parse_tokens, default=None, help="CPP min_chunk (default: each scheduler's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload and of stage-time noise")
+    p.add_argument("--requests", type=int, default=24, help="mixed: number of requests")
+    p.add_argument("--load", type=float, default=0.6, help="mixed: offered prefill load (fraction of capacity)")
+    p.add_argument("--prompt-range", default="4k-64k", help="mixed: prompt lengths, log-uniform (e.g. 4k-64k)")
+    p.add_argument("--prefix-hit-share", type=float, default=0.25, help="mixed: share of prefix-cache hits")
+    p.add_argument("--output-range", default="16-128", help="mixed: output tokens per request")
+    p.add_argument("--noise", type=float, default=0.0, help="sigma of log-normal multiplicative stage-time noise")
+    p.add_argument("--layers", default=None, help="layers per stage, comma-separated (uneven split), e.g. 15,16,16,17")
+    p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write Gantt and chunk PNGs here")
+    p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all figures as JSON")
+    p.add_argument("--tune", action="store_true", help="search base chunk and smooth factor for the CPP scheduler")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep the policy subprocesses' logs here")
+    return p
+
+
+def _range(text: str, what: str) -> tuple[int, int]:
+    try:
+        low, high = (parse_tokens(v) for v in text.split("-"))
+    except ValueError:
+        raise ValueError(f"--{what} expects LOW-HIGH (e.g. 4k-64k), got {text!r}") from None
+    return low, high
+
+
+def build_workloads(args: argparse.Namespace, surface_spec: str, num_stages: int) -> list[Workload]:
+    out = []
+    for item in args.workload.split(","):
+        item = item.strip()
+        if item.startswith("long:"):
+            out.append(long_prompt(parse_tokens(item.split(":", 1)[1])))
+        elif item == "mixed":
+            low, high = _range(args.prompt_range, "prompt-range")
+            out_low, out_high = _range(args.output_range, "output-range")
+            out.append(
+                mixed(
+                    load_surface(surface_spec),
+                    num_stages,
+                    seed=args.seed,
+                    num_requests=args.requests,
+                    load=args.load,
+                    min_prompt_tokens=low,
+                    max_prompt_tokens=high,
+                    prefix_hit_share=args.prefix_hit_share,
+                    min_output_tokens=out_low,
+                    max_output_tokens=out_high,
+                    reference_chunk_tokens=args.chunk,
+                )
+            )
+        else:
+            raise ValueError(f"--workload item {item!r}: use long:<tokens> (e.g. long:128k) or mixed")
+    return out
+
+
+def cpp_options(args: argparse.Namespace) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if args.smooth_factor is not None:
+        if not 0 < args.smooth_factor <= 1:
+            raise ValueError(f"--smooth-factor must be in (0, 1], got {args.smooth_factor}")
+        options["smooth_factor"] = args.smooth_factor
+    if args.min_chunk is not None:
+        options["min_chunk"] = args.min_chunk
+    return options
+
+
+def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], list[str]]:
+    wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
+    unknown = wanted - {"fixed", "tuned", "upstream", "ours"}
+    if unknown:
+        raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
+    notes = []
+    sweep = sorted({parse_tokens(v) for v in args.sweep.split(",") if v.strip()} | {args.chunk})
+    policies: list[pol.Policy] = []
+    if "tuned" in wanted:
+        policies += [pol.fixed(c) for c in sweep]
+    elif "fixed" in wanted:
+        policies.append(pol.fixed(args.chunk))
+    if "upstream" in wanted:
+        policies.append(pol.upstream(args.chunk, **cpp_options(args)))
+    if "ours" in wanted:
+        if pol.ours_available():
+            policies.append(pol.ours(args.chunk, **cpp_options(args)))
+        else:
+            notes.append("ours: not run (vllm_ascend_overlay/core/scheduler_profiling_chunk.py not assembled yet)")
+    return policies, notes
+
+
+def summarize_case(
+    results: Sequence[dict[str, Any]], num_stages: int, chunk_tokens: int, wanted: set[str]
+) -> tuple[list[Figures], Figures | None, Figures | None, list[str]]:
+    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes."""
+    notes, fixed_rows = [], []
+    rows: list[Figures] = []
+    upstream = ours = None
+    for result in results:
+        if "error" in result:
+            notes.append(f"{result['policy']['name']}: FAILED {result['error']}")
+            continue
+        figures = figures_from_result(result, num_stages)
+        kind = result["policy"]["kind"]
+        if kind == "fixed":
+            fixed_rows.append((result["policy"]["max_num_batched_tokens"], figures))
+        elif kind == "upstream":
+            upstream = figures
+        else:
+            ours = figures
+    default = next((f for c, f in fixed_rows if c == chunk_tokens), None)
+    tuned = None
+    if fixed_rows and "tuned" in wanted:
+        best_chunk, best = min(fixed_rows, key=lambda item: (item[1].ttft_mean_ms, item[0]))
+        tuned = Figures(**{**asdict(best), "name": f"tuned-fixed-{best_chunk}"})
+    if default is not None and "fixed" in wanted:
+        rows.append(Figures(**{**asdict(default), "name": f"vllm-fixed-{chunk_tokens}"}))
+    rows += [f for f in (tuned, upstream, ours) if f is not None]
+    return rows, tuned, upstream, notes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"cpp-twin: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    surface_spec = args.surface or default_surface()
+    surface = load_surface(surface_spec)
+    stage_counts = [int(v) for v in args.stages.split(",")]
+    if any(p < 1 for p in stage_counts):
+        raise ValueError(f"--stages must be >= 1, got {args.stages}")
+    layers = tuple(int(v) for v in args.layers.split(",")) if args.layers else None
+    print(f"surface: {surface.describe()}")
+    if args.tune:
+        from .tune import run_tune
+
+        return run_tune(args, surface_spec, stage_counts, layers)
+    policies, notes = comparison_policies(args)
+    wanted = {w.strip() for w in args.policies.split(",")}
+    cases = []
+    for num_stages in stage_counts:
+        for workload in build_workloads(args, surface_spec, num_stages):
+            setup = pol.Setup(surface_spec, num_stages, workload, args.seed, layers, args.noise)
+            cases.append((setup, policies))
+    all_results = pol.run_cases(cases, args.log_dir)
+    dump = []
+    for (setup, _), results in zip(cases, all_results, strict=True):
+        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted)
+        title = f"\n== {setup.workload.name}, P={setup.num_stages}, {len(setup.workload.requests)} request(s) =="
+        show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
+        print(format_table(title, rows, tuned, upstream, show_tpot))
+        for note in notes + case_notes:
+            print(f"  note: {note}")
+        dump.append({"workload": setup.workload.name, "stages": setup.num_stages, "rows": [asdict(r) for r in rows]})
+        if args.plot:
+            from .plot import plot_case
+
+            for path in plot_case(args.plot, setup, results, rows, args.chunk):
+                print(f"  wrote {path}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dump, indent=1))
+    return 0

@@ -1,0 +1,245 @@
+"""The vLLM side of the twin: a real scheduler on a CPU config, driven through ``pipeline``.
+
+Runs inside a policy's subprocess, after ``policies`` has put the right vllm_ascend tree
+first on ``sys.path`` and installed the NPU stubs. Nothing here is imported by the
+parent process, so the parent never imports vLLM.
+
+- ``make_scheduler``: a ``VllmConfig`` for a tiny local model (no hub access), one
+  full-attention KV group big enough for the workload, and the scheduler class asked for.
+- ``SurfaceExecutor``: the model executor as the scheduler sees it at start-up; answers
+  ``collective_rpc("profile_prefill_latency", args=(chunk_tokens,))`` from the surface
+  with what the output rank measures (the last stage's compute for a fresh chunk).
+- ``VllmDriver``: the ``pipeline.Driver`` over a scheduler: admits requests at their
+  arrival, turns each ``SchedulerOutput`` into chunks, and builds the
+  ``ModelRunnerOutput`` when the batch leaves the last stage: one sampled token per
+  request whose chunk reached its last known token, and ``execution_time_ms`` = the last
+  stage's time (what the NPU model runner attaches while timing is on).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .pipeline import BatchRecord, Chunk, RequestLog
+from .surface import StageTimer
+from .workloads import Workload, prompt_token_ids
+
+SAMPLED_TOKEN_ID = 7
+BLOCK_TOKENS = 128
+
+TINY_MODEL = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1 << 21,
+    "rms_norm_eps": 1e-5,
+    "torch_dtype": "float16",
+    "eos_token_id": 0,
+}
+
+_MODEL_DIR: Path | None = None
+
+
+def tiny_model_dir() -> Path:
+    global _MODEL_DIR
+    if _MODEL_DIR is None:
+        _MODEL_DIR = Path(tempfile.mkdtemp(prefix="cpp-twin-model-"))
+        (_MODEL_DIR / "config.json").write_text(json.dumps(TINY_MODEL))
+    return _MODEL_DIR
+
+
+def make_vllm_config(
+    *,
+    max_num_batched_tokens: int,
+    num_stages: int,
+    max_model_len: int,
+    max_num_seqs: int = 64,
+    enable_prefix_caching: bool = True,
+    additional_config: dict | None = None,
+):
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+
+    model_config = ModelConfig(
+        model=str(tiny_model_dir()),
+        tokenizer=str(tiny_model_dir()),
+        skip_tokenizer_init=True,
+        max_model_len=max_model_len,
+        dtype="float16",
+        seed=0,
+    )
+    scheduler_config = SchedulerConfig(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_model_len=max_model_len,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+        is_encoder_decoder=False,
+    )
+    cache_config = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=enable_prefix_caching)
+    return VllmConfig(
+        model_config=model_config,
+        cache_config=cache_config,
+        scheduler_config=scheduler_config,
+        parallel_config=ParallelConfig(pipeline_parallel_size=num_stages),
+        device_config=DeviceConfig(device="cpu"),
+        additional_config=additional_config or {},
+    )
+
+
+def kv_blocks_for(workload: Workload) -> int:
+    """Blocks for every request of the workload at once, plus slack: no preemption by size."""
+    return sum(-(-(r.prompt_tokens + r.max_output_tokens) // BLOCK_TOKENS) + 1 for r in workload.requests) + 64
+
+
+def make_scheduler(scheduler_cls: type, vllm_config: Any, num_blocks: int):
+    import torch
+    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(
+                ["layer"], FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=1, head_size=1, dtype=torch.float16)
+            )
+        ],
+    )
+    register_all_kvcache_specs(vllm_config)
+    return scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK_TOKENS,
+        log_stats=False,
+    )
+
+
+class SurfaceExecutor:
+    """The executor's RPC surface as the scheduler uses it at start-up (multiproc signature)."""
+
+    def __init__(self, vllm_config: Any, timer: StageTimer) -> None:
+        self.vllm_config = vllm_config
+        self.timer = timer
+        self.profile_calls: list[tuple[int, float]] = []
+
+    def collective_rpc(
+        self,
+        method: Any,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+        kv_output_aggregator: Any = None,
+    ) -> Any:
+        if method != "profile_prefill_latency":
+            raise NotImplementedError(f"the twin's executor answers profile_prefill_latency only, not {method!r}")
+        chunk_tokens = int(args[0] if args else (kwargs or {})["num_tokens"])
+        latency_ms = self.timer.profile_ms(chunk_tokens, len(self.profile_calls))
+        self.profile_calls.append((chunk_tokens, latency_ms))
+        if unique_reply_rank is not None:
+            return latency_ms
+        return [latency_ms] * self.vllm_config.parallel_config.world_size
+
+
+class VllmDriver:
+    """``pipeline.Driver`` over a real scheduler object."""
+
+    def __init__(self, scheduler: Any, workload: Workload, timing_attribute: str | None = "execution_time_ms") -> None:
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+        from vllm.v1.request import Request
+
+        self.scheduler = scheduler
+        self.timing_attribute = timing_attribute
+        hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        hasher = get_request_block_hasher(BLOCK_TOKENS, hash_fn)
+        self._pending: list[tuple[float, Any]] = []
+        self.logs: dict[str, RequestLog] = {}
+        self.requests: dict[str, Any] = {}
+        for spec in sorted(workload.requests, key=lambda r: (r.arrival_ms, r.req_id)):
+            params = SamplingParams(max_tokens=spec.max_output_tokens, ignore_eos=True)
+            request = Request(
+                request_id=spec.req_id,
+                prompt_token_ids=prompt_token_ids(spec, workload.seed),
+                sampling_params=params,
+                pooling_params=None,
+                arrival_time=spec.arrival_ms / 1000.0,
+                block_hasher=hasher,
+            )
+            self._pending.append((spec.arrival_ms, request))
+            self.requests[spec.req_id] = request
+            self.logs[spec.req_id] = RequestLog(
+                spec.req_id, spec.arrival_ms, spec.prompt_tokens, spec.max_output_tokens
+            )
+        self._pending.reverse()  # pop() from the end = earliest arrival
+        self._first_scheduled: set[str] = set()
+
+    # -- pipeline.Driver
+    def admit(self, now_ms: float) -> None:
+        while self._pending and self._pending[-1][0] <= now_ms:
+            self.scheduler.add_request(self._pending.pop()[1])
+
+    def next_arrival_ms(self) -> float | None:
+        return self._pending[-1][0] if self._pending else None
+
+    def has_requests(self) -> bool:
+        return self.scheduler.has_requests()
+
+    def schedule(self) -> tuple[tuple[Chunk, ...], Any]:
+        output = self.scheduler.schedule()
+        history = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        history.update(zip(cached.req_ids, cached.num_computed_tokens, strict=False))
+        chunks = []
+        for req_id, chunk_tokens in output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            history_tokens = history[req_id]
+            log = self.logs[req_id]
+            if req_id not in self._first_scheduled:
+                self._first_scheduled.add(req_id)
+                log.cached_tokens = history_tokens
+            log.scheduled_tokens += chunk_tokens
+            chunks.append(
+                Chunk(
+                    req_id,
+                    chunk_tokens,
+                    history_tokens,
+                    is_prefill=history_tokens < request.num_prompt_tokens,
+                    samples=history_tokens + chunk_tokens >= request.num_tokens,
+                )
+            )
+        return tuple(chunks), output
+
+    def apply(self, handle: Any, record: BatchRecord) -> None:
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        req_ids = [c.req_id for c in record.chunks]
+        output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={r: i for i, r in enumerate(req_ids)},
+            sampled_token_ids=[[SAMPLED_TOKEN_ID] if c.samples else [] for c in record.chunks],
+        )
+        if self.timing_attribute and record.stage_end_ms and not getattr(handle, "disable_profiling_timing", False):
+            setattr(output, self.timing_attribute, record.stage_ms[-1])
+        self.scheduler.update_from_output(handle, output)
+        for chunk in record.chunks:
+            if not chunk.samples:
+                continue
+            log = self.logs[chunk.req_id]
+            log.token_ms.append(record.applied_ms)
+            if self.requests[chunk.req_id].is_finished() and log.finish_ms is None:
+                log.finish_ms = record.applied_ms

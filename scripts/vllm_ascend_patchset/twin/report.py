@@ -1,0 +1,192 @@
+"""Figures of one run and the comparison table.
+
+Definitions (simulated clock, milliseconds):
+
+- TTFT: first output token applied by the engine minus arrival; mean, P50, P99 over requests.
+- prefill throughput: prompt tokens computed (prefix-cache hits excluded) over the time
+  from the first arrival to the last first token.
+- work time: the union of [arrival, finish] over requests (some request is unfinished).
+- bubble of stage s: time stage s is idle during work time, over work time. It includes
+  pipeline fill and drain; ``steady bubble`` counts only idle time between the stage's
+  first start and its last end (the gaps chunking can remove).
+- stage-time spread: coefficient of variation (std/mean) of the per-batch stage time
+  (mean over stages) over batches that carry prefill tokens.
+- chunks: prefill chunks scheduled (one request's share of one batch).
+- TPOT: per request with >= 2 output tokens, (last token - first token)/(tokens - 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .pipeline import BatchRecord, RequestLog
+
+
+@dataclass(frozen=True)
+class Figures:
+    name: str
+    ttft_mean_ms: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    prefill_tokens_per_s: float
+    bubble_per_stage: tuple[float, ...]
+    steady_bubble_per_stage: tuple[float, ...]
+    stage_time_cv: float
+    num_chunks: int
+    num_batches: int
+    tpot_mean_ms: float | None
+    tpot_p99_ms: float | None
+    work_ms: float
+    problems: tuple[str, ...] = ()
+
+    @property
+    def bubble(self) -> float:
+        return float(np.mean(self.bubble_per_stage)) if self.bubble_per_stage else 0.0
+
+    @property
+    def steady_bubble(self) -> float:
+        return float(np.mean(self.steady_bubble_per_stage)) if self.steady_bubble_per_stage else 0.0
+
+
+def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def _length(intervals: Sequence[tuple[float, float]]) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _clip(intervals: Sequence[tuple[float, float]], low: float, high: float) -> list[tuple[float, float]]:
+    return [(max(s, low), min(e, high)) for s, e in intervals if min(e, high) > max(s, low)]
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else math.nan
+
+
+def completeness_problems(requests: Sequence[RequestLog]) -> list[str]:
+    """Every request finished with all its prompt and output tokens, each computed once."""
+    problems = []
+    for log in requests:
+        if log.finish_ms is None:
+            problems.append(f"{log.req_id}: never finished")
+        if len(log.token_ms) != log.max_output_tokens:
+            problems.append(f"{log.req_id}: {len(log.token_ms)} output tokens, expected {log.max_output_tokens}")
+        expected = log.prompt_tokens + log.max_output_tokens - 1
+        if log.cached_tokens + log.scheduled_tokens != expected:
+            problems.append(
+                f"{log.req_id}: cached {log.cached_tokens} + scheduled {log.scheduled_tokens} tokens,"
+                f" expected {expected}"
+            )
+    return problems
+
+
+def compute_figures(
+    name: str, batches: Sequence[BatchRecord], requests: Sequence[RequestLog], num_stages: int
+) -> Figures:
+    ttft = [log.first_token_ms - log.arrival_ms for log in requests if log.first_token_ms is not None]
+    work = _union([(log.arrival_ms, log.finish_ms) for log in requests if log.finish_ms is not None])
+    work_ms = _length(work)
+    run = [b for b in batches if b.stage_end_ms]
+    bubbles, steady = [], []
+    for stage in range(num_stages):
+        busy = [(b.stage_start_ms[stage], b.stage_end_ms[stage]) for b in run]
+        busy_in_work = _length(_union([iv for w0, w1 in work for iv in _clip(busy, w0, w1)]))
+        idle = work_ms - busy_in_work
+        bubbles.append(idle / work_ms if work_ms > 0 else 0.0)
+        if busy:
+            first, last = min(s for s, _ in busy), max(e for _, e in busy)
+            window = _length([iv for w0, w1 in work for iv in _clip([(first, last)], w0, w1)])
+            steady.append(max(window - busy_in_work, 0.0) / work_ms if work_ms > 0 else 0.0)
+        else:
+            steady.append(0.0)
+    prefill_times = [float(np.mean(b.stage_ms)) for b in run if b.has_prefill]
+    cv = float(np.std(prefill_times) / np.mean(prefill_times)) if len(prefill_times) > 1 else 0.0
+    computed_prompt = sum(log.prompt_tokens - log.cached_tokens for log in requests)
+    first_tokens = [log.first_token_ms for log in requests if log.first_token_ms is not None]
+    span_ms = (max(first_tokens) - min(log.arrival_ms for log in requests)) if first_tokens else 0.0
+    tpot = [(log.token_ms[-1] - log.token_ms[0]) / (len(log.token_ms) - 1) for log in requests if len(log.token_ms) > 1]
+    return Figures(
+        name=name,
+        ttft_mean_ms=float(np.mean(ttft)) if ttft else math.nan,
+        ttft_p50_ms=_percentile(ttft, 50),
+        ttft_p99_ms=_percentile(ttft, 99),
+        prefill_tokens_per_s=computed_prompt / span_ms * 1000.0 if span_ms > 0 else math.nan,
+        bubble_per_stage=tuple(bubbles),
+        steady_bubble_per_stage=tuple(steady),
+        stage_time_cv=cv,
+        num_chunks=sum(1 for b in run for c in b.chunks if c.is_prefill),
+        num_batches=len(run),
+        tpot_mean_ms=float(np.mean(tpot)) if tpot else None,
+        tpot_p99_ms=_percentile(tpot, 99) if tpot else None,
+        work_ms=work_ms,
+        problems=tuple(completeness_problems(requests)),
+    )
+
+
+def figures_from_result(result: dict[str, Any], num_stages: int) -> Figures:
+    batches = [BatchRecord.from_json(b) for b in result["batches"]]
+    requests = [RequestLog.from_json(r) for r in result["requests"]]
+    return compute_figures(result["policy"]["name"], batches, requests, num_stages)
+
+
+def _ratio(value: float, reference: Figures | None) -> str:
+    if reference is None or not reference.ttft_mean_ms or math.isnan(reference.ttft_mean_ms):
+        return "-"
+    return f"{value / reference.ttft_mean_ms:.3f}"
+
+
+def format_table(
+    title: str, rows: Sequence[Figures], tuned: Figures | None, upstream: Figures | None, show_tpot: bool
+) -> str:
+    """One line per policy; ratios are mean TTFT over the reference's (< 1 is faster)."""
+    head = ["policy", "TTFT mean s", "P50 s", "P99 s", "prefill tok/s", "bubble %", "steady %", "CV", "chunks"]
+    if show_tpot:
+        head += ["TPOT ms", "TPOT P99"]
+    head += ["vs tuned", "vs upstream"]
+    lines = []
+    for f in rows:
+        line = [
+            f.name,
+            f"{f.ttft_mean_ms / 1000:.3f}",
+            f"{f.ttft_p50_ms / 1000:.3f}",
+            f"{f.ttft_p99_ms / 1000:.3f}",
+            f"{f.prefill_tokens_per_s:,.0f}",
+            f"{100 * f.bubble:.1f}",
+            f"{100 * f.steady_bubble:.1f}",
+            f"{f.stage_time_cv:.3f}",
+            str(f.num_chunks),
+        ]
+        if show_tpot:
+            line += [
+                "-" if f.tpot_mean_ms is None else f"{f.tpot_mean_ms:.1f}",
+                "-" if f.tpot_p99_ms is None else f"{f.tpot_p99_ms:.1f}",
+            ]
+        line += [_ratio(f.ttft_mean_ms, tuned), _ratio(f.ttft_mean_ms, upstream)]
+        lines.append(line)
+    widths = [max(len(str(row[i])) for row in [head, *lines]) for i in range(len(head))]
+
+    def render(cells: Sequence[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
+
+    out = [title, render(head), *(render(line) for line in lines)]
+    for f in rows:
+        stages = " ".join(f"{100 * b:.1f}" for b in f.bubble_per_stage)
+        out.append(f"  {f.name}: bubble per stage % [{stages}], {f.num_batches} batches")
+        for problem in f.problems:
+            out.append(f"  {f.name}: INCOMPLETE {problem}")
+    return "\n".join(out)

@@ -1,0 +1,295 @@
+"""Latency surfaces: how long the whole model takes for a batch, and per stage.
+
+A surface answers ``request_ms(chunk_tokens, history_tokens)`` for one request's chunk
+and ``batch_ms(chunks)`` for a batch. The batch rule, stated once: a batch pays the
+fixed per-step cost once plus each request's own variable cost,
+
+    batch_ms = fixed_ms + sum_i (request_ms(C_i, H_i) - fixed_ms)
+
+so attention never crosses requests, and a batch of one request costs exactly its
+``request_ms``. The model form (ATOM's, with the seed's attention term):
+
+    request_ms(C, H) = fixed_ms + token_ms * C + history_token_ms * H + attention_pair_ms * C * (C + H)
+
+Sources: ``QuadraticSurface`` (coefficients), ``GridSurface`` (a CSV of measured
+``chunk_tokens,history_tokens,ms``; bilinear inside the measured grid, the least-squares
+fit outside), or a profile JSON saved by the engine (``load_surface``).
+``StageTimer`` splits a batch's time over P stages by layer share, with optional
+multiplicative noise, seeded so that runs repeat.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .pipeline import Chunk
+
+
+class Surface(Protocol):
+    fixed_ms: float
+
+    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float: ...
+
+    def describe(self) -> str: ...
+
+
+def batch_ms(surface: Surface, chunks: Sequence[tuple[int, int]]) -> float:
+    """Whole-model time of a batch of (chunk_tokens, history_tokens) pairs (rule in the module doc)."""
+    if not chunks:
+        return 0.0
+    return surface.fixed_ms + sum(surface.request_ms(c, h) - surface.fixed_ms for c, h in chunks)
+
+
+@dataclass(frozen=True)
+class QuadraticSurface:
+    """request_ms(C, H) = fixed_ms + token_ms*C + history_token_ms*H + self_pair_ms*C^2 + history_pair_ms*C*H."""
+
+    fixed_ms: float
+    token_ms: float
+    history_token_ms: float
+    self_pair_ms: float
+    history_pair_ms: float
+    name: str = "quadratic"
+
+    def __post_init__(self) -> None:
+        for key in ("fixed_ms", "token_ms", "history_token_ms", "self_pair_ms", "history_pair_ms"):
+            value = getattr(self, key)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"surface coefficient {key} must be finite and >= 0, got {value}")
+
+    @property
+    def coefficients(self) -> tuple[float, float, float, float, float]:
+        return (self.fixed_ms, self.token_ms, self.history_token_ms, self.self_pair_ms, self.history_pair_ms)
+
+    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float:
+        return (
+            self.fixed_ms
+            + chunk_tokens * (self.token_ms + self.self_pair_ms * chunk_tokens + self.history_pair_ms * history_tokens)
+            + self.history_token_ms * history_tokens
+        )
+
+    @classmethod
+    def fit(cls, points: Sequence[tuple[int, int, float]], name: str = "fitted") -> QuadraticSurface:
+        """Non-negative least squares (relative error) over measured (chunk_tokens, history_tokens, ms)."""
+        from scipy.optimize import nnls
+
+        if len(points) < 5:
+            raise ValueError(f"a surface needs at least 5 measured points, got {len(points)}")
+        c = np.array([p[0] for p in points], dtype=np.float64)
+        h = np.array([p[1] for p in points], dtype=np.float64)
+        ms = np.array([p[2] for p in points], dtype=np.float64)
+        design = np.column_stack([np.ones_like(c), c, h, c * c, c * h])
+        if not np.any(h > 0):  # only fresh chunks measured: the seed's f(l) form, C*H costs twice C^2
+            design[:, 3] = c * c
+            design[:, 4] = 0.0
+        weights = 1.0 / np.maximum(ms, 1e-9)
+        scale = np.abs(design).max(axis=0)
+        scale[scale == 0] = 1.0
+        coef, _ = nnls(design / scale * weights[:, None], ms * weights)
+        coef = coef / scale
+        if not np.any(h > 0):
+            coef[4] = 2.0 * coef[3]
+        return cls(*(float(v) for v in coef), name=name)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: {self.fixed_ms:.3g} + {self.token_ms:.3g}*C + {self.history_token_ms:.3g}*H"
+            f" + {self.self_pair_ms:.3g}*C^2 + {self.history_pair_ms:.3g}*C*H ms"
+        )
+
+
+# A synthetic long-context surface (not a measurement), the seed's a*C*(C+H) attention:
+# ~0.53 s for an 8k chunk without history, ~0.93 s at 120k history.
+SYNTHETIC = QuadraticSurface(
+    fixed_ms=8.0,
+    token_ms=0.06,
+    history_token_ms=2.0e-5,
+    self_pair_ms=4.0e-7,
+    history_pair_ms=4.0e-7,
+    name="synthetic",
+)
+
+
+@dataclass(frozen=True)
+class GridSurface:
+    """Measured t(C, H) on a rectilinear grid; bilinear inside it, the fitted model outside."""
+
+    chunk_axis: tuple[int, ...]
+    history_axis: tuple[int, ...]
+    grid_ms: tuple[tuple[float, ...], ...]  # [history index][chunk index]
+    fit: QuadraticSurface
+    name: str = "grid"
+
+    @property
+    def fixed_ms(self) -> float:
+        return self.fit.fixed_ms
+
+    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float:
+        cs, hs = self.chunk_axis, self.history_axis
+        if not (cs[0] <= chunk_tokens <= cs[-1] and hs[0] <= history_tokens <= hs[-1]) or len(cs) < 2:
+            return self.fit.request_ms(chunk_tokens, history_tokens)
+        i = min(max(bisect.bisect_right(cs, chunk_tokens) - 1, 0), len(cs) - 2)
+        if len(hs) == 1:
+            j, wh = 0, 0.0
+            row0 = row1 = self.grid_ms[0]
+        else:
+            j = min(max(bisect.bisect_right(hs, history_tokens) - 1, 0), len(hs) - 2)
+            wh = (history_tokens - hs[j]) / (hs[j + 1] - hs[j])
+            row0, row1 = self.grid_ms[j], self.grid_ms[j + 1]
+        wc = (chunk_tokens - cs[i]) / (cs[i + 1] - cs[i])
+        low = row0[i] * (1 - wc) + row0[i + 1] * wc
+        high = row1[i] * (1 - wc) + row1[i + 1] * wc
+        return low * (1 - wh) + high * wh
+
+    @classmethod
+    def from_points(cls, points: Sequence[tuple[int, int, float]], name: str) -> Surface:
+        """A grid if the points cover every (C, H) pair of their axes, else the fit alone."""
+        fit = QuadraticSurface.fit(points, name=f"{name} (fit)")
+        table: dict[tuple[int, int], list[float]] = {}
+        for c, h, ms in points:
+            table.setdefault((int(c), int(h)), []).append(float(ms))
+        cs = tuple(sorted({c for c, _ in table}))
+        hs = tuple(sorted({h for _, h in table}))
+        if len(cs) < 2 or any((c, h) not in table for c in cs for h in hs):
+            return fit
+        grid = tuple(tuple(float(np.median(table[(c, h)])) for c in cs) for h in hs)
+        return cls(cs, hs, grid, fit, name=name)
+
+    def describe(self) -> str:
+        return (
+            f"{self.name}: measured grid C {self.chunk_axis[0]}..{self.chunk_axis[-1]} x H "
+            f"{self.history_axis[0]}..{self.history_axis[-1]} ({len(self.chunk_axis)}x{len(self.history_axis)});"
+            f" outside: {self.fit.describe()}"
+        )
+
+
+CSV_COLUMNS = ("chunk_tokens", "history_tokens", "latency_ms")
+
+
+def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
+    """Rows of ``chunk_tokens,history_tokens,latency_ms`` (lines starting with # are comments)."""
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(line for line in handle if not line.startswith("#"))
+        missing = [name for name in CSV_COLUMNS if name not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}")
+        points = [(int(row["chunk_tokens"]), int(row["history_tokens"]), float(row["latency_ms"])) for row in reader]
+    if not points:
+        raise ValueError(f"{path}: no measured rows")
+    return points
+
+
+def _points_from_profile(data: dict[str, Any]) -> list[tuple[int, int, float]]:
+    """The profile's measured samples, [chunk_tokens, history_tokens, latency_ms] each."""
+    points = []
+    for sample in data.get("samples") or []:
+        if isinstance(sample, list | tuple) and len(sample) == 3:
+            points.append((int(sample[0]), int(sample[1]), float(sample[2])))
+    return points
+
+
+def _model_from_profile(data: dict[str, Any], name: str) -> QuadraticSurface | None:
+    """The model the engine accepted, if the profile carries coefficients c0_ms..c4_ms."""
+    coefficients = data.get("coefficients")
+    if not isinstance(coefficients, dict):
+        return None
+    try:
+        values = [float(coefficients[f"c{i}_ms"]) for i in range(5)]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return QuadraticSurface(*values, name=name)
+
+
+def load_surface(spec: str) -> Surface:
+    """A surface from ``--surface``: ``synthetic``, ``quadratic:C0,C1,C2,C3,C4`` (ms coefficients of
+    1, C, H, C^2, C*H), a ``.csv`` of measurements, or a profile ``.json`` saved by the engine
+    (its accepted coefficients; its samples if it has no coefficients)."""
+    if spec in ("", "synthetic"):
+        return SYNTHETIC
+    if spec.startswith("quadratic:"):
+        try:
+            values = [float(v) for v in spec.split(":", 1)[1].split(",")]
+            if len(values) != 5:
+                raise ValueError(f"{len(values)} values")
+            return QuadraticSurface(*values, name="quadratic")
+        except ValueError as exc:
+            raise ValueError(
+                f"--surface {spec!r}: expected quadratic:C0,C1,C2,C3,C4 (five ms coefficients of 1, C, H, C^2, C*H)"
+                f" ({exc})"
+            ) from None
+    path = Path(spec)
+    if not path.is_file():
+        raise ValueError(f"--surface {spec!r}: no such file (give a .csv, a profile .json, or 'synthetic')")
+    if path.suffix == ".csv":
+        return GridSurface.from_points(load_csv_points(path), name=path.name)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--surface {spec}: not a JSON profile ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--surface {spec}: a profile is a JSON object")
+    model = _model_from_profile(data, f"{path.name} (engine model)")
+    if model is not None:
+        return model
+    points = _points_from_profile(data)
+    if len(points) >= 5:
+        return GridSurface.from_points(points, name=path.name)
+    raise ValueError(
+        f"--surface {spec}: the profile has neither coefficients c0_ms..c4_ms nor 5 measured samples;"
+        " save it with a fitted model or pass a CSV"
+    )
+
+
+@dataclass(frozen=True)
+class StageTimer:
+    """Per-stage time of a batch: surface time times the stage's layer share times noise."""
+
+    surface: Surface
+    stage_shares: tuple[float, ...]
+    noise_sigma: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def build(
+        cls,
+        surface: Surface,
+        num_stages: int,
+        layers: Sequence[int] | None = None,
+        noise_sigma: float = 0.0,
+        seed: int = 0,
+    ) -> StageTimer:
+        if layers:
+            if len(layers) != num_stages or any(n <= 0 for n in layers):
+                raise ValueError(f"--layers needs {num_stages} positive counts (one per stage), got {list(layers)}")
+            total = float(sum(layers))
+            shares = tuple(n / total for n in layers)
+        else:
+            shares = tuple(1.0 / num_stages for _ in range(num_stages))
+        if noise_sigma < 0:
+            raise ValueError(f"--noise must be >= 0, got {noise_sigma}")
+        return cls(surface, shares, noise_sigma, seed)
+
+    def _noise(self, stream: int, index: int) -> np.ndarray:
+        if self.noise_sigma == 0:
+            return np.ones(len(self.stage_shares))
+        rng = np.random.default_rng([self.seed, stream, index])
+        return np.exp(rng.normal(0.0, self.noise_sigma, size=len(self.stage_shares)))
+
+    def __call__(self, chunks: tuple[Chunk, ...], batch_index: int) -> tuple[float, ...]:
+        total_ms = batch_ms(self.surface, [(c.chunk_tokens, c.history_tokens) for c in chunks])
+        noise = self._noise(0, batch_index)
+        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, noise, strict=True))
+
+    def profile_ms(self, chunk_tokens: int, call_index: int) -> float:
+        """What a worker's ``profile_prefill_latency`` returns: the last stage's compute for a fresh chunk."""
+        total_ms = self.surface.request_ms(chunk_tokens, 0)
+        return total_ms * self.stage_shares[-1] * float(self._noise(1, call_index)[-1])

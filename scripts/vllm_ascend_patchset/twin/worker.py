@@ -1,0 +1,151 @@
+"""Policy subprocess: ``python -m vllm_ascend_patchset.twin.worker JOB.json RESULT.json``.
+
+A job names one tree and a list of cases (a setup plus its policies); the result holds,
+per case, one event log per policy (or the error that stopped it).
+
+Puts the job's vllm_ascend tree first on ``sys.path`` (pristine for vLLM's fixed chunking
+and upstream's CPP, the assembled tree for ours), imports vLLM, stubs the NPU-only
+modules, runs every policy of the job through ``pipeline.run_pipeline`` and writes the
+event logs as JSON. One process per tree because both CPP schedulers are importable
+only as ``vllm_ascend.core.scheduler_profiling_chunk``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .stubs import install_npu_stubs, set_cpu_environment
+
+UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
+
+
+def _load_module_from_tree(tree: Path, name: str):
+    """One module of a vllm_ascend tree, without importing its (NPU-only) package siblings."""
+    if name in sys.modules:
+        return sys.modules[name]
+    path = tree / (name.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _import_vllm() -> None:
+    import vllm.config  # noqa: F401
+    import vllm.v1.core.sched.scheduler  # noqa: F401
+    import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
+
+
+class PolicyRunner:
+    """Builds a policy's scheduler, runs its start-up profiling, and wires its timing feedback."""
+
+    def __init__(self, tree: Path, case: dict[str, Any]) -> None:
+        from .surface import StageTimer, load_surface
+        from .workloads import Workload
+
+        self.tree = tree
+        self.num_stages = int(case["num_stages"])
+        self.surface = load_surface(case["surface"])
+        self.timer = StageTimer.build(
+            self.surface, self.num_stages, case.get("layers"), float(case.get("noise_sigma", 0.0)), int(case["seed"])
+        )
+        self.workload = Workload.from_json(case["workload"])
+
+    def run(self, policy: dict[str, Any]) -> dict[str, Any]:
+        from .engine import VllmDriver, kv_blocks_for, make_scheduler, make_vllm_config
+        from .pipeline import run_pipeline
+
+        started = time.perf_counter()
+        kind = policy["kind"]
+        max_model_len = max(self.workload.max_request_tokens + 256, int(policy["max_num_batched_tokens"]))
+        vllm_config = make_vllm_config(
+            max_num_batched_tokens=int(policy["max_num_batched_tokens"]),
+            num_stages=self.num_stages,
+            max_model_len=max_model_len,
+            additional_config=policy.get("additional_config") or {},
+        )
+        scheduler_cls = self._scheduler_class(kind)
+        scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
+        from .engine import SurfaceExecutor
+
+        executor = SurfaceExecutor(vllm_config, self.timer)
+        setup_s = self._start_up(kind, scheduler, executor)
+        driver = VllmDriver(scheduler, self.workload)
+        batches = run_pipeline(driver, self.timer, self.num_stages, vllm_config.max_concurrent_batches)
+        return {
+            "policy": policy,
+            "batches": [b.to_json() for b in batches],
+            "requests": [log.to_json() for log in driver.logs.values()],
+            "profile_calls": executor.profile_calls,
+            "start_up_cpu_s": setup_s,
+            "cpu_s": time.perf_counter() - started,
+            "scheduler": f"{scheduler_cls.__module__}.{scheduler_cls.__qualname__}",
+        }
+
+    def _scheduler_class(self, kind: str) -> type:
+        if kind == "fixed":
+            from vllm.v1.core.sched.scheduler import Scheduler
+
+            return Scheduler
+        if kind in ("upstream", "ours"):
+            from vllm_ascend.core.scheduler_profiling_chunk import ProfilingChunkScheduler
+
+            return ProfilingChunkScheduler
+        raise ValueError(f"unknown policy kind {kind!r} (fixed, upstream, ours)")
+
+    def _start_up(self, kind: str, scheduler: Any, executor: Any) -> float:
+        """What the engine does after building the scheduler: profiling, then timing hooks."""
+        started = time.perf_counter()
+        if kind == "upstream":
+            # Upstream's engine patch: profile after init, then wrap update_from_output
+            # (records execution_time_ms) and schedule (propagates timing-done).
+            timing = _load_module_from_tree(self.tree, UPSTREAM_TIMING_MODULE)
+            scheduler.run_profiling_chunk_init(executor)
+            timing._ensure_update_from_output_wrapped(scheduler)
+            timing._ensure_schedule_wrapped(scheduler)
+        elif kind == "ours":
+            start_ours(scheduler, executor, self.tree)
+        return time.perf_counter() - started
+
+
+def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:
+    """Our engine start-up (issue 4's ProfilingChunkScheduler); adapted to its interface."""
+    run = getattr(scheduler, "run_profiling_chunk_init", None)
+    if run is None:
+        raise RuntimeError("our ProfilingChunkScheduler has no start-up profiling entry the twin knows")
+    run(executor)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    job_path, result_path = Path(argv[0]), Path(argv[1])
+    job = json.loads(job_path.read_text())
+    tree = Path(job["tree"])
+    set_cpu_environment()
+    sys.path.insert(0, str(tree))
+    _import_vllm()
+    install_npu_stubs()
+    cases = []
+    for case in job["cases"]:
+        runner = PolicyRunner(tree, case)
+        results = []
+        for policy in case["policies"]:
+            try:
+                results.append(runner.run(policy))
+            except Exception as exc:  # one policy's fault must not lose the others' figures
+                traceback.print_exc()
+                results.append({"policy": policy, "error": f"{type(exc).__name__}: {exc}"})
+        cases.append(results)
+    result_path.write_text(json.dumps({"cases": cases}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""profiling_chunk_config: every bad input is an error naming the key and the fix."""
+
+from __future__ import annotations
+
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+from vllm_ascend.core import cpp_config
+from vllm_ascend.core.cpp_config import CppConfigError, parse_cpp_config
+
+
+def engine(pp: int = 2, chunked: bool = True, scheduler_cls=None, max_batched: int = 8192):
+    return SimpleNamespace(
+        parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
+        scheduler_config=SimpleNamespace(
+            enable_chunked_prefill=chunked, scheduler_cls=scheduler_cls, max_num_batched_tokens=max_batched
+        ),
+    )
+
+
+def load(raw, vllm_config=None, balance=False):
+    return cpp_config.load_profiling_chunk_config(
+        {"profiling_chunk_config": raw}, vllm_config or engine(), balance_scheduling=balance
+    )
+
+
+def test_defaults_keep_upstream_keys_and_add_ours():
+    config = load({"enabled": True})
+    assert config.enabled and config.need_timing
+    assert (config.smooth_factor, config.min_chunk, config.max_fit_chunk) == (1.0, None, 30)
+    assert (config.profile_points, config.timing_every, config.tail_tolerance) == (64, 16, 0.15)
+    assert config.cache_dir == "~/.cache/vllm_ascend/cpp" and config.cache_path.endswith("/.cache/vllm_ascend/cpp")
+    assert not load(None).enabled and not load({}).need_timing
+
+
+def test_an_upstream_config_still_parses():
+    config = load({"enabled": True, "smooth_factor": 0.8, "min_chunk": 1024, "need_timing": False, "max_fit_chunk": 40})
+    assert (config.smooth_factor, config.min_chunk, config.need_timing, config.max_fit_chunk) == (0.8, 1024, False, 40)
+
+
+def test_min_chunk_above_the_token_budget_is_clamped_like_upstream():
+    assert load({"enabled": True, "min_chunk": 4096}, engine(max_batched=2048)).min_chunk == 2048
+
+
+def test_empty_cache_dir_turns_the_cache_off():
+    assert load({"enabled": True, "cache_dir": ""}).cache_path is None
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(CppConfigError) as error:
+        load({"enabled": True, "smoth_factor": 0.5})
+    message = str(error.value)
+    assert "unknown key(s) ['smoth_factor']" in message
+    for key in ("enabled", "smooth_factor", "min_chunk", "max_fit_chunk", "need_timing", "cache_dir", "timing_every"):
+        assert key in message
+
+
+def test_not_an_object():
+    with pytest.raises(CppConfigError, match=r"profiling_chunk_config must be a JSON object"):
+        load(True)
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"enabled": "yes"}, r"profiling_chunk_config.enabled='yes': must be true or false"),
+        ({"smooth_factor": 0}, r"profiling_chunk_config.smooth_factor=0: must be in \(0, 1\]"),
+        ({"smooth_factor": 1.5}, r"profiling_chunk_config.smooth_factor=1.5: must be in \(0, 1\]"),
+        ({"smooth_factor": "high"}, r"profiling_chunk_config.smooth_factor='high': must be a number"),
+        ({"min_chunk": 0}, r"profiling_chunk_config.min_chunk=0: must be >= 1"),
+        ({"min_chunk": 12.5}, r"profiling_chunk_config.min_chunk=12.5: must be an integer"),
+        ({"max_fit_chunk": 5}, r"profiling_chunk_config.max_fit_chunk=5: must be in \[8, 4096\]"),
+        ({"need_timing": 1}, r"profiling_chunk_config.need_timing=1: must be true or false"),
+        ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a folder path"),
+        ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be in \[8, 1024\]"),
+        ({"profile_repeats": 0}, r"profiling_chunk_config.profile_repeats=0: must be in \[1, 16\]"),
+        ({"profile_history_points": -1}, r"profiling_chunk_config.profile_history_points=-1: must be in \[0, 64\]"),
+        ({"timing_every": 0}, r"profiling_chunk_config.timing_every=0: must be in \[1, 1000000\]"),
+        ({"tail_tolerance": -0.1}, r"profiling_chunk_config.tail_tolerance=-0.1: must be in \[0, 1\]"),
+        ({"tail_tolerance": True}, r"profiling_chunk_config.tail_tolerance=True: must be a number"),
+    ],
+)
+def test_value_out_of_range_names_key_and_range(raw, message):
+    with pytest.raises(CppConfigError, match=message):
+        load(raw)
+
+
+def test_values_are_checked_even_when_disabled():
+    with pytest.raises(CppConfigError, match="smooth_factor"):
+        parse_cpp_config({"enabled": False, "smooth_factor": 2})
+
+
+def test_needs_pipeline_parallelism():
+    with pytest.raises(CppConfigError, match=r"pipeline_parallel_size=1: start with --pipeline-parallel-size 2"):
+        load({"enabled": True}, engine(pp=1))
+
+
+def test_needs_chunked_prefill():
+    with pytest.raises(CppConfigError, match=r"needs chunked prefill: add --enable-chunked-prefill"):
+        load({"enabled": True}, engine(chunked=False))
+
+
+def test_not_with_balance_scheduling():
+    with pytest.raises(CppConfigError, match=r"cannot run with balance scheduling: set enable_balance_scheduling"):
+        load({"enabled": True}, balance=True)
+
+
+def test_disabled_config_has_no_engine_requirements():
+    assert not load({"enabled": False}, engine(pp=1, chunked=False), balance=True).enabled
+
+
+def test_not_with_another_scheduler_override():
+    vllm_config = engine(scheduler_cls="vllm_ascend.core.scheduler_dynamic_batch.SchedulerDynamicBatch")
+    with pytest.raises(CppConfigError, match=r"scheduler_cls is already vllm_ascend.core.scheduler_dynamic_batch"):
+        cpp_config.select_cpp_scheduler(vllm_config)
+
+
+def test_select_installs_our_scheduler(monkeypatch):
+    # The engine-core start-up hook module is NPU-side; a stand-in records that it was imported.
+    name = "vllm_ascend.patch.platform.patch_profiling_chunk"
+    monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    vllm_config = engine()
+    cpp_config.select_cpp_scheduler(vllm_config)
+    assert vllm_config.scheduler_config.scheduler_cls == cpp_config.SCHEDULER_CLS
+
+
+def test_ascend_config_runs_the_check(tmp_path):
+    """The 0201 patch: AscendConfig refuses a bad profiling_chunk_config at start-up."""
+    import helpers
+
+    helpers.import_vllm()
+    from vllm_ascend.ascend_config import AscendConfig
+
+    vllm_config = helpers.make_vllm_config(tmp_path, additional_config={"profiling_chunk_config": {"enabled": True}})
+    with pytest.raises(CppConfigError, match="pipeline_parallel_size=1"):
+        AscendConfig(vllm_config)
+    vllm_config = helpers.make_vllm_config(tmp_path, additional_config={"profiling_chunk_config": {"enabld": True}})
+    with pytest.raises(CppConfigError, match="unknown key"):
+        AscendConfig(vllm_config)
+    vllm_config = helpers.make_vllm_config(tmp_path, additional_config={})
+    assert not AscendConfig(vllm_config).profiling_chunk_config.enabled

@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write Gantt and chunk PNGs here")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all figures as JSON")
     p.add_argument("--tune", action="store_true", help="search base chunk and smooth factor for the CPP scheduler")
+    p.add_argument("--tune-base-chunks", default=None, help="--tune: base chunks to try (default 4096..16384)")
+    p.add_argument("--tune-smooth-factors", default=None, help="--tune: smooth factors to try (default 0.5,0.75,1)")
     p.add_argument("--log-dir", type=Path, default=None, help="keep the policy subprocesses' logs here")
     return p
 

@@ -1,0 +1,222 @@
+#!/usr/bin/env python3
+"""Our CPP latency model and chunk predictor next to upstream v0.23.0's, on a measured surface.
+
+Prints tables; asserts nothing. Upstream's ``ChunkSizePredictor`` is loaded by path from
+the pristine pinned tree in the build cache (never committed) under another module
+name; it imports only math, numpy and ``vllm.logger``.
+
+1. Fit error: every model is fitted on the H = 0 samples plus the ``--fit-histories``
+   levels (upstream's start-up model sees the H = 0 samples only, as at start-up;
+   upstream's online ``fit_chunk`` sees at most its 30 points) and scored by MAPE on the
+   held-out medians.
+2. Chunk time spread over a ``--prompt-tokens`` prefill: each predictor chunks the
+   prompt; every chunk's time is taken from a reference model fitted on the whole
+   surface (the best estimate of the truth we have; past the measured history it
+   extrapolates), reported as max/min and coefficient of variation.
+3. Cost of one ``next_chunk`` (ours) or ``predict`` (upstream) call in microseconds.
+
+    .venv/bin/python scripts/bench/predictor.py [--csv tests/data/cpu_surface.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import math
+import os
+import statistics
+import sys
+import timeit
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+os.environ.setdefault("VLLM_PLUGINS", "")
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+
+
+def load_ours():
+    from vllm_ascend_patchset.pin import Target
+
+    sys.path.insert(0, str(ROOT / "build" / Target.host().name))
+    from vllm_ascend.core import profiling_chunk_predictor
+
+    return profiling_chunk_predictor
+
+
+def load_upstream():
+    from vllm_ascend_patchset.assemble import pristine_tree
+    from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
+
+    path = pristine_tree(fetch_wheel(Pin.load(), Target.host())) / "vllm_ascend/core/profiling_chunk_predictor.py"
+    spec = importlib.util.spec_from_file_location("upstream_v0_23_0_profiling_chunk_predictor", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_surface(path: Path) -> list[tuple[int, int, float]]:
+    with path.open() as handle:
+        return [
+            (int(r["chunk_tokens"]), int(r["history_tokens"]), float(r["latency_ms"])) for r in csv.DictReader(handle)
+        ]
+
+
+def medians(samples):
+    groups = defaultdict(list)
+    for chunk, history, ms in samples:
+        groups[(chunk, history)].append(ms)
+    return {key: statistics.median(values) for key, values in sorted(groups.items())}
+
+
+def mape(predict, points) -> float:
+    return 100.0 * float(np.mean([abs(predict(c, h) - ms) / ms for (c, h), ms in points.items()]))
+
+
+def chunk_prompt(next_chunk, prompt_tokens: int) -> list[tuple[int, int]]:
+    history_tokens, pairs = 0, []
+    while history_tokens < prompt_tokens:
+        chunk_tokens = max(
+            1, min(next_chunk(history_tokens, prompt_tokens - history_tokens), prompt_tokens - history_tokens)
+        )
+        pairs.append((chunk_tokens, history_tokens))
+        history_tokens += chunk_tokens
+    return pairs
+
+
+def spread_row(name, pairs, reference):
+    times = [reference.time_ms(c, h) for c, h in pairs]
+    body = times[:-1] if len(times) > 1 else times
+    return (
+        f"{name:<38} {len(pairs):>6} {min(body):>9.1f} {max(body):>9.1f} {max(body) / min(body):>8.2f} "
+        f"{100 * statistics.pstdev(body) / statistics.mean(body):>7.1f}% {times[-1]:>9.1f} {sum(times) / 1000:>9.2f}"
+    )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=ROOT / "tests/data/cpu_surface.csv")
+    parser.add_argument("--fit-histories", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--base-chunk", type=int, default=4096)
+    parser.add_argument("--page-size", type=int, default=128)
+    parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[32_768, 131_072])
+    parser.add_argument("--smooth-factor", type=float, default=1.0)
+    parser.add_argument("--min-chunk", type=int, default=256, help="floor for ours and upstream's predictors")
+    args = parser.parse_args(argv)
+
+    ours, upstream = load_ours(), load_upstream()
+    samples = read_surface(args.csv)
+    fit_levels = {0, *args.fit_histories}
+    fit_samples = [s for s in samples if s[1] in fit_levels]
+    held_out = {k: v for k, v in medians(samples).items() if k[1] not in fit_levels}
+    startup = [s for s in samples if s[1] == 0]
+
+    our_model = ours.LatencyModel.fit(*zip(*fit_samples, strict=True))
+    our_startup = ours.LatencyModel.fit(*zip(*startup, strict=True))
+    reference = ours.LatencyModel.fit(*zip(*samples, strict=True))
+
+    up_startup = upstream.ChunkSizePredictor(smooth_factor=args.smooth_factor, min_chunk=args.min_chunk)
+    up_startup.fit([c for c, _, _ in startup], [ms for _, _, ms in startup])
+    up_startup.set_target_latency(args.base_chunk)
+    up_startup.is_ready = True
+    up_c = up_startup.constant_coeff_c
+    up_online = upstream.ChunkSizePredictor(smooth_factor=args.smooth_factor, min_chunk=args.min_chunk)
+    up_online.fit([c for c, _, _ in startup], [ms for _, _, ms in startup])
+    up_online.set_target_latency(args.base_chunk)
+    up_online.is_ready = True
+    fit_points = list(medians(fit_samples).items())
+    step = max(1, math.ceil(len(fit_points) / up_online.max_fit_chunk))
+    rows = [[(h + c) * c, h + c, 1, ms] for (c, h), ms in fit_points[::step]]
+    up_online.with_history_ready = up_online.fit_chunk(rows)
+
+    print(f"surface {args.csv} : {len(samples)} samples, {len(medians(samples))} points")
+    print(
+        f"fit on H in {sorted(fit_levels)}; held out {len(held_out)} points at H in "
+        f"{sorted({h for _, h in held_out})}\n"
+    )
+    print(f"{'model':<48} {'held-out MAPE':>14}")
+    table = [
+        ("ours, 5-term fit (H=0 + fit levels)", our_model.time_ms),
+        ("ours, start-up form only (H=0)", our_startup.time_ms),
+        ("upstream start-up f(H+C)-f(H)  (its get_time)", lambda c, h: up_startup.get_time(c, h)),
+        ("upstream start-up f(H+C)-f(H)+c", lambda c, h: up_startup.get_time(c, h) + up_c),
+        (f"upstream online a*C(C+H)+b(C+H)+c ({len(rows)} pts)", lambda c, h: up_online.get_time_with_history(c, h)),
+        ("reference (ours fitted on every point)", reference.time_ms),
+    ]
+    for name, predict in table:
+        print(f"{name:<48} {mape(predict, held_out):>13.1f}%")
+
+    page = args.page_size
+    longest_prompt = max(args.prompt_tokens)
+    our_predictor = ours.ChunkSizePredictor(
+        our_model,
+        base_chunk_size=args.base_chunk,
+        page_size=page,
+        max_model_len=longest_prompt + args.base_chunk,
+        max_num_scheduled_tokens=args.base_chunk,
+        smooth_factor=args.smooth_factor,
+        min_chunk=args.min_chunk,
+    )
+
+    def upstream_next(predictor, with_history):
+        predict = predictor.predict_with_history if with_history else predictor.predict
+
+        def next_chunk(history_tokens, remaining_tokens):
+            chunk = predict(history_tokens, args.base_chunk, page)
+            return min(args.base_chunk if chunk is None else chunk, remaining_tokens)
+
+        return next_chunk
+
+    chunkings = [
+        ("fixed base chunk", lambda h, r: min(args.base_chunk, r)),
+        ("ours", our_predictor.next_chunk),
+        ("upstream start-up predict", upstream_next(up_startup, False)),
+    ]
+    if up_online.with_history_ready:
+        chunkings.append(("upstream online predict_with_history", upstream_next(up_online, True)))
+    measured_history = max(h for _, h, _ in samples)
+    for prompt_tokens in args.prompt_tokens:
+        where = "within" if prompt_tokens <= measured_history else "beyond"
+        print(
+            f"\n{prompt_tokens}-token prefill ({where} the measured history {measured_history}), base chunk "
+            f"{args.base_chunk}, page {page}, floor {args.min_chunk}; chunk times from the reference model, "
+            "last chunk apart"
+        )
+        print(
+            f"{'chunking':<38} {'chunks':>6} {'min ms':>9} {'max ms':>9} {'max/min':>8} {'CV':>8} "
+            f"{'last ms':>9} {'total s':>9}"
+        )
+        for name, next_chunk in chunkings:
+            print(spread_row(name, chunk_prompt(next_chunk, prompt_tokens), reference))
+
+    histories = list(range(0, longest_prompt, 997))
+    calls = len(histories)
+
+    def per_call_us(fn):
+        best = min(timeit.repeat(lambda: [fn(h) for h in histories], number=20, repeat=5))
+        return best / (20 * calls) * 1e6
+
+    print(f"\ncost of one call (best of 5 x 20 x {calls} calls)")
+    print(f"{'ours next_chunk':<48} {per_call_us(lambda h: our_predictor.next_chunk(h, 50_000)):>8.2f} us")
+    print(
+        f"{'ours max_chunk_within':<48} "
+        f"{per_call_us(lambda h: our_predictor.max_chunk_within(h, 100.0, 50_000)):>8.2f} us"
+    )
+    print(
+        f"{'upstream predict':<48} " f"{per_call_us(lambda h: up_startup.predict(h, args.base_chunk, page)):>8.2f} us"
+    )
+    if up_online.with_history_ready:
+        print(
+            f"{'upstream predict_with_history':<48} "
+            f"{per_call_us(lambda h: up_online.predict_with_history(h, args.base_chunk, page)):>8.2f} us"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

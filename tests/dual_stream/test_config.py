@@ -1,0 +1,133 @@
+"""dual_stream_config validation: one test per bad input, each asserting the message."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+from vllm_ascend.dual_stream.config import (
+    DEFAULT_BALANCE_THRESHOLD,
+    DEFAULT_LENGTH_THRESHOLD_TOKENS,
+    DualStreamConfig,
+    validate_dual_stream_config,
+)
+
+
+def deployment(raw=None, tp=2, pp=1, **ascend):
+    vllm_config = SimpleNamespace(
+        additional_config={} if raw is None else {"dual_stream_config": raw},
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+    )
+    defaults = dict(
+        enable_flashcomm1=False,
+        enable_sp_by_pass=False,
+        enable_matmul_allreduce=False,
+        enable_flashcomm2_parallel_size=0,
+        finegrained_tp_config=SimpleNamespace(mlp_tensor_parallel_size=0, oproj_tensor_parallel_size=0),
+        weight_prefetch_config=SimpleNamespace(enabled=False),
+    )
+    defaults.update(ascend)
+    return SimpleNamespace(**defaults), vllm_config
+
+
+def validate(raw=None, **kwargs):
+    return validate_dual_stream_config(*deployment(raw, **kwargs))
+
+
+def test_absent_means_off_with_documented_defaults():
+    config = validate()
+    assert config == DualStreamConfig(
+        False, "token_balanced", DEFAULT_BALANCE_THRESHOLD, DEFAULT_LENGTH_THRESHOLD_TOKENS
+    )
+    assert (config.balance_threshold, config.length_threshold) == (1.0, 128)
+
+
+def test_a_full_valid_config_is_taken_as_given():
+    raw = {"enabled": True, "split_strategy": "half_batch", "balance_threshold": 0.5, "length_threshold": 256}
+    assert validate(raw) == DualStreamConfig(True, "half_batch", 0.5, 256)
+
+
+def test_not_an_object():
+    with pytest.raises(ValueError, match=r"dual_stream_config must be a JSON object.*got list"):
+        validate([True])
+
+
+def test_unknown_key():
+    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_treshold is not a known key.*spelling"):
+        validate({"enabled": True, "balance_treshold": 0.2})
+
+
+def test_enabled_not_a_bool():
+    with pytest.raises(ValueError, match=r"dual_stream_config\.enabled must be true or false, got 'yes'"):
+        validate({"enabled": "yes"})
+
+
+def test_unknown_strategy():
+    with pytest.raises(ValueError, match=r"split_strategy 'balanced' is not a known strategy.*'half_batch'"):
+        validate({"enabled": True, "split_strategy": "balanced"})
+
+
+@pytest.mark.parametrize("value", [0, -0.5, float("nan"), float("inf"), True, "1.0"])
+def test_balance_threshold_out_of_range(value):
+    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_threshold must be a finite number > 0"):
+        validate({"enabled": True, "balance_threshold": value})
+
+
+@pytest.mark.parametrize("value", [0, -3, 12.5, False, "128"])
+def test_length_threshold_out_of_range(value):
+    with pytest.raises(ValueError, match=r"dual_stream_config\.length_threshold must be an integer number of tokens"):
+        validate({"enabled": True, "length_threshold": value})
+
+
+def test_pipeline_parallel():
+    with pytest.raises(ValueError, match=r"requires pipeline_parallel_size == 1, got 2.*--pipeline-parallel-size 1"):
+        validate({"enabled": True}, pp=2)
+
+
+@pytest.mark.parametrize(
+    "setting, named, fix",
+    [
+        ({"enable_flashcomm1": True}, "enable_flashcomm1 (flashcomm1", "set it to false"),
+        ({"enable_sp_by_pass": True}, "compilation_config.pass_config.enable_sp", "turn that pass off"),
+        ({"enable_matmul_allreduce": True}, "enable_matmul_allreduce", "set it to false"),
+        ({"enable_flashcomm2_parallel_size": 2}, "enable_flashcomm2_parallel_size (flashcomm2)", "set it to 0"),
+        (
+            {"finegrained_tp_config": SimpleNamespace(mlp_tensor_parallel_size=2, oproj_tensor_parallel_size=0)},
+            "finegrained_tp_config.mlp_tensor_parallel_size",
+            "set it to 0",
+        ),
+        (
+            {"finegrained_tp_config": SimpleNamespace(mlp_tensor_parallel_size=0, oproj_tensor_parallel_size=2)},
+            "finegrained_tp_config.oproj_tensor_parallel_size",
+            "set it to 0",
+        ),
+    ],
+)
+def test_features_that_replace_the_row_parallel_all_reduce(setting, named, fix):
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True}, **setting)
+    message = str(info.value)
+    assert f"dual_stream_config.enabled cannot be combined with {named}" in message
+    assert "replaces the row-parallel all-reduce" in message
+    assert f"Either {fix} or disable dual_stream_config." in message
+
+
+def test_mlp_weight_prefetch():
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True}, weight_prefetch_config=SimpleNamespace(enabled=True))
+    message = str(info.value)
+    assert "cannot be combined with weight_prefetch_config.enabled: its MLP prefetch advances" in message
+    assert "Either set it to false or disable dual_stream_config." in message
+
+
+def test_conflicts_do_not_matter_when_off():
+    assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
+
+
+def test_tp1_warns_once_and_stays_valid(caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):
+        config = validate({"enabled": True}, tp=1)
+    assert config.enabled
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "tensor_parallel_size is 1" in warnings[0].getMessage()

@@ -1,0 +1,387 @@
+"""One TP rank of the CPU numerical test: ``python -m dual_stream.tp_worker RANK WORLD PORT MODEL_DIR OUT``.
+
+Builds the patch set's ``DualStreamQwen3ForCausalLM`` (vLLM's real Qwen3 layers: norms,
+QKV / o_proj / gate_up / down_proj tensor-parallel linears, rotary embedding, MLP) at
+TP = WORLD over gloo, with vLLM's attention kernel replaced by ``ReferenceAttention``: a
+CPU attention that reads only the metadata contract (cumulative query lengths, sequence
+lengths, block tables, slot mapping) to write and read a paged KV cache, and asserts that
+the metadata it is given is a self-consistent batch.
+
+Each scenario runs one batch single-stream (the upstream forward) and dual-stream, from
+the same KV cache, and reports the largest differences of output and cache. Results go
+to OUT as JSON; the pytest side (test_tp_equivalence.py) asserts on them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+
+os.environ.setdefault("VLLM_PLUGINS", "")
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from vllm_ascend.dual_stream.streams import CpuBackend  # noqa: E402
+
+BLOCK_SIZE = 4
+NUM_BLOCKS = 96
+
+
+class ReferenceAttention(nn.Module):
+    """Stands in for vLLM's ``Attention``: same constructor and call, a CPU paged-KV kernel."""
+
+    def __init__(self, num_heads, head_size, scale, num_kv_heads=None, cache_config=None, quant_config=None,
+                 prefix="", attn_type=None, **_):  # fmt: skip
+        super().__init__()
+        self.num_heads, self.head_size, self.scale = num_heads, head_size, scale
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.layer_name = prefix
+        self.kv_cache: torch.Tensor | None = None  # [2, blocks, block_size, kv_heads, head_size]
+
+    @staticmethod
+    def check_contract(m, num_query_tokens: int) -> list[int]:
+        cumulative = list(m.actual_seq_lengths_q)
+        query_lens = [b - a for a, b in zip([0, *cumulative[:-1]], cumulative, strict=True)]
+        n = len(cumulative)
+        assert m.num_actual_tokens == cumulative[-1] == num_query_tokens, "token count"
+        assert m.query_start_loc.tolist() == [0, *cumulative], "query_start_loc is not [0] + cumulative"
+        assert m.seq_lens.tolist() == list(m.seq_lens_list) and len(m.seq_lens_list) == n, "seq_lens"
+        assert m.seq_lens_cpu.tolist() == list(m.seq_lens_list), "seq_lens_cpu"
+        assert m.block_tables.shape[0] >= n, "block table rows"
+        assert m.slot_mapping.shape[0] >= m.num_actual_tokens, "slot mapping length"
+        assert m.max_query_len == max(query_lens), "max_query_len"
+        assert all(q >= 1 for q in query_lens), "empty request"
+        assert m.num_decodes + m.num_prefills == n, "request counts"
+        assert all(q == 1 for q in query_lens[: m.num_decodes]), "decodes first"
+        assert m.num_decode_tokens == sum(query_lens[: m.num_decodes]), "decode tokens"
+        assert all(s >= q for s, q in zip(m.seq_lens_list, query_lens, strict=True)), "sequence shorter than query"
+        return query_lens
+
+    def forward(self, query, key, value):
+        from vllm.forward_context import get_forward_context
+
+        m = get_forward_context().attn_metadata[self.layer_name]
+        num_tokens = query.shape[0]
+        query_lens = self.check_contract(m, num_tokens)
+        heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_size
+        q = query.view(num_tokens, heads, dim)
+        key_cache = self.kv_cache[0].view(-1, kv_heads, dim)
+        value_cache = self.kv_cache[1].view(-1, kv_heads, dim)
+        slots = m.slot_mapping[: m.num_actual_tokens].long()
+        key_cache[slots] = key.view(num_tokens, kv_heads, dim)
+        value_cache[slots] = value.view(num_tokens, kv_heads, dim)
+        out = torch.empty_like(q)
+        start = 0
+        for r, (q_len, seq_len) in enumerate(zip(query_lens, m.seq_lens_list, strict=True)):
+            kv_pos = torch.arange(seq_len)
+            kv_slots = m.block_tables[r, kv_pos // BLOCK_SIZE].long() * BLOCK_SIZE + kv_pos % BLOCK_SIZE
+            k = key_cache[kv_slots].repeat_interleave(heads // kv_heads, dim=1)
+            v = value_cache[kv_slots].repeat_interleave(heads // kv_heads, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", q[start : start + q_len], k) * self.scale
+            q_pos = seq_len - q_len + torch.arange(q_len)
+            scores = scores.masked_fill(kv_pos[None, :] > q_pos[:, None], float("-inf"))
+            out[start : start + q_len] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+            start += q_len
+        return out.view(num_tokens, heads * dim)
+
+
+class DeferredAllReduceBackend(CpuBackend):
+    """Fault detector: an all-reduce runs only when the event recorded after it is waited on.
+
+    Recording an event on the communication stream binds the all-reduces issued since;
+    waiting on it runs them (blocking, in the same order on every rank). A missing wait
+    leaves a partial sum in place, so a schedule that depends on a missing wait computes
+    a different answer; a wait on an event not yet recorded raises (base class).
+    """
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.pending: list[torch.Tensor] = []
+        self.bound: dict = {}
+
+    def begin(self):
+        super().begin()
+        self.pending, self.bound = [], {}
+
+    def all_reduce(self, partial):
+        self._require_comm_stream()
+        self.pending.append(partial)
+        return partial  # reduced in place only when its event is waited on
+
+    def _record(self, key):
+        self.bound[key], self.pending = (self.pending, []) if self._on_comm_stream else ([], self.pending)
+
+    def _wait(self, key):
+        for tensor in self.bound.pop(key, []):
+            dist.all_reduce(tensor, group=self.group)
+
+
+def init_weights(model: nn.Module) -> None:
+    """Deterministic per parameter name, so both runs of a rank use the same weights."""
+    for name, param in model.named_parameters():
+        gen = torch.Generator().manual_seed(sum(map(ord, name)) * 7919 + param.numel())
+        with torch.no_grad():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+            else:
+                param.copy_(0.08 * torch.randn(param.shape, generator=gen))
+
+
+def scenarios():
+    from dual_stream.batches import FakeAttentionState, Request
+
+    mixed = [Request(7, 1), Request(12, 1), Request(16, 9), Request(0, 13), Request(3, 6), Request(20, 11)]
+    fresh = [Request(0, 10), Request(0, 3), Request(0, 12), Request(0, 7)]
+    decodes = [Request(5, 1), Request(9, 1), Request(2, 1)]
+    return {
+        "mixed_with_history": (mixed, None),
+        "all_fresh_prefill": (fresh, None),
+        "decode_only": (decodes, FakeAttentionState.DecodeOnly),
+    }
+
+
+def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> None:
+    torch.set_num_threads(1)
+    started = time.monotonic()
+    results: dict = {"rank": rank, "runs": [], "errors": []}
+    try:
+        import vllm.model_executor.models.qwen3 as vllm_qwen3
+        from vllm.config import (
+            CompilationConfig,
+            CompilationMode,
+            DeviceConfig,
+            ModelConfig,
+            VllmConfig,
+            set_current_vllm_config,
+        )
+        from vllm.distributed import get_tp_group, init_distributed_environment, initialize_model_parallel
+        from vllm.forward_context import set_forward_context
+        from vllm_ascend.dual_stream import schedule
+        from vllm_ascend.dual_stream.config import DualStreamConfig
+        from vllm_ascend.dual_stream.streams import GlooAsyncBackend, SequentialBackend
+        from vllm_ascend.models.qwen3 import DualStreamQwen3ForCausalLM
+
+        from dual_stream.batches import build_batch
+
+        model_config = ModelConfig(
+            model=model_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
+        )
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            compilation_config=CompilationConfig(mode=CompilationMode.NONE, custom_ops=["none"]),
+        )
+        results["setup_s"] = time.monotonic() - started
+        with set_current_vllm_config(vllm_config):
+            init_distributed_environment(
+                world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank,
+                backend="gloo",
+            )  # fmt: skip
+            initialize_model_parallel(tensor_model_parallel_size=world)
+            vllm_qwen3.Attention = ReferenceAttention
+            model = DualStreamQwen3ForCausalLM(vllm_config=vllm_config).eval()
+        init_weights(model)
+        group = get_tp_group()
+        attention = [layer.self_attn.attn for layer in model.model.layers]
+        kv_shape = (2, NUM_BLOCKS, BLOCK_SIZE, attention[0].num_kv_heads, attention[0].head_size)
+        history = [torch.randn(kv_shape, generator=torch.Generator().manual_seed(100 + i)) for i in range(2)]
+        vocab = model.config.vocab_size
+
+        def run(requests, state, config, backend, mutate=False, lenient=False):
+            metadata, positions = build_batch(requests, BLOCK_SIZE, NUM_BLOCKS, seed=3, state=state)
+            input_ids = torch.randint(0, vocab, (positions.shape[0],), generator=torch.Generator().manual_seed(9))
+            for attn, cache in zip(attention, history, strict=True):
+                attn.kv_cache = cache.clone()
+            model.dual_stream_config = config
+            if not lenient:
+                model._dual_stream_on = config.enabled
+            model.dual_stream_backend = backend
+            model.dual_stream_strict = not lenient
+            before = model.dual_stream_batches
+            patch = contextlib.nullcontext()
+            if mutate:
+                patch = _patched(schedule, "wait_for_previous_layer", lambda *a, **k: None)
+            with (
+                set_current_vllm_config(vllm_config),
+                set_forward_context({a.layer_name: metadata for a in attention}, vllm_config),
+                patch,
+                torch.no_grad(),
+            ):
+                out = model(input_ids, positions)
+            return out, [a.kv_cache.clone() for a in attention], model.dual_stream_batches > before
+
+        backends = {
+            "sequential": lambda: SequentialBackend(group.all_reduce),
+            "gloo_async": lambda: GlooAsyncBackend(group.device_group),
+            "deferred": lambda: DeferredAllReduceBackend(group.device_group),
+        }
+        for name, (requests, state) in scenarios().items():
+            ref_out, ref_cache, ref_dual = run(requests, state, DualStreamConfig(), None)
+            cases = [
+                (strategy, backend, False, DualStreamConfig(True, strategy, 1.0, 2))
+                for strategy in ("half_batch", "token_balanced")
+                for backend in backends
+            ]
+            cases.append(("token_balanced", "sequential", False, DualStreamConfig(True, "token_balanced", 1.0, 40)))
+            cases.append(("half_batch", "deferred", True, DualStreamConfig(True, "half_batch", 1.0, 2)))
+            for strategy, backend_name, mutate, config in cases:
+                out, cache, took_dual = run(requests, state, config, backends[backend_name](), mutate)
+                results["runs"].append(
+                    {
+                        "scenario": name,
+                        "strategy": strategy,
+                        "backend": backend_name,
+                        "length_threshold": config.length_threshold,
+                        "mutated": mutate,
+                        "reference_took_dual": ref_dual,
+                        "took_dual": took_dual,
+                        "reason": model.dual_stream_last_reason,
+                        "max_out_diff": float((out - ref_out).abs().max()),
+                        "max_cache_diff": _max_diff(cache, ref_cache),
+                        "out_scale": float(ref_out.abs().max()),
+                        "reduce_results_restored": all(
+                            layer.self_attn.o_proj.reduce_results and layer.mlp.down_proj.reduce_results
+                            for layer in model.model.layers
+                        ),
+                    }
+                )
+        results["fault"] = fault_falls_back(model, run, scenarios()["mixed_with_history"])
+        if rank == 0:
+            results["ascend_config"] = ascend_config_hook_cases(model_config)
+    except Exception:
+        results["errors"].append(traceback.format_exc())
+    results["total_s"] = time.monotonic() - started
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+class FailingBackend(CpuBackend):
+    """Raises at the first all-reduce of layer 1 (after layer 0's collectives ran), on every rank."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+
+    def _record(self, key):
+        self.inner._recorded.add(key)
+        self.inner._record(key)
+
+    def _wait(self, key):
+        self.inner._wait(key)
+
+    def all_reduce(self, partial):
+        self.calls += 1
+        if self.calls == 5:  # 2 micro-batches x (attention + MLP) = 4 per layer
+            raise RuntimeError("injected communication fault")
+        with self.inner.comm_stream():
+            return self.inner.all_reduce(partial)
+
+    def finish(self):
+        self.inner.finish()
+
+
+def fault_falls_back(model, run, scenario):
+    """A fault inside the dual-stream path: same answer from the upstream forward, one warning, then off."""
+    import logging
+
+    from vllm_ascend.dual_stream.config import DualStreamConfig
+    from vllm_ascend.dual_stream.streams import GlooAsyncBackend
+    from vllm_ascend.models import qwen3 as ours
+
+    requests, state = scenario
+    reference, ref_cache, _ = run(requests, state, DualStreamConfig(), None)
+    records = []
+
+    class Capture(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Capture(level=logging.WARNING)
+    ours.logger.addHandler(handler)
+    config = DualStreamConfig(True, "half_batch", 1.0, 2)
+    try:
+        backend = FailingBackend(GlooAsyncBackend(None))
+        model._dual_stream_on = True
+        out, cache, took_dual = run(requests, state, config, backend, lenient=True)
+        still_on = model._dual_stream_on
+        again, _, took_dual_again = run(requests, state, config, GlooAsyncBackend(None), lenient=True)
+    finally:
+        ours.logger.removeHandler(handler)
+    return {
+        "took_dual": took_dual,
+        "took_dual_again": took_dual_again,
+        "still_on": still_on,
+        "warnings": [r.getMessage() for r in records],
+        "max_out_diff": float((out - reference).abs().max()),
+        "max_cache_diff": _max_diff(cache, ref_cache),
+        "max_out_diff_after": float((again - reference).abs().max()),
+        "failing_backend_calls": backend.calls,
+    }
+
+
+def ascend_config_hook_cases(model_config):
+    """AscendConfig.__init__ (patched by 0301) runs the dual-stream validation."""
+    import importlib.machinery
+
+    import npu_stubs
+
+    npu_stubs.install()
+    for name in npu_stubs.STUBBED:  # transformers asks importlib for torch_npu's spec
+        if name in sys.modules and getattr(sys.modules[name], "__spec__", None) is None:
+            sys.modules[name].__spec__ = importlib.machinery.ModuleSpec(name, None)
+    from vllm.config import CompilationConfig, CompilationMode, DeviceConfig, ParallelConfig, VllmConfig
+    from vllm_ascend.ascend_config import AscendConfig
+
+    cases = {
+        "enabled": {"dual_stream_config": {"enabled": True, "split_strategy": "half_batch"}},
+        "bad_strategy": {"dual_stream_config": {"enabled": True, "split_strategy": "random"}},
+        "flashcomm1": {"enable_flashcomm1": True, "dual_stream_config": {"enabled": True}},
+        "matmul_allreduce": {"enable_matmul_allreduce": True, "dual_stream_config": {"enabled": True}},
+        "flashcomm2": {"enable_flashcomm2_parallel_size": 1, "dual_stream_config": {"enabled": True}},
+        "weight_prefetch": {"weight_prefetch_config": {"enabled": True}, "dual_stream_config": {"enabled": True}},
+        "absent": {},
+    }
+    outcomes = {}
+    for name, additional in cases.items():
+        vllm_config = VllmConfig(
+            model_config=model_config,
+            device_config=DeviceConfig(device="cpu"),
+            parallel_config=ParallelConfig(tensor_parallel_size=2),
+            compilation_config=CompilationConfig(mode=CompilationMode.NONE, custom_ops=["none"]),
+            additional_config={**additional, "refresh": True},
+        )
+        try:
+            config = AscendConfig(vllm_config).dual_stream_config
+            outcomes[name] = {"ok": repr(config)}
+        except Exception as exc:  # the message is what the test checks
+            outcomes[name] = {"error": f"{type(exc).__name__}: {exc}"}
+    return outcomes
+
+
+def _max_diff(caches, references) -> float:
+    return max(float((c - r).abs().max()) for c, r in zip(caches, references, strict=True))
+
+
+@contextlib.contextmanager
+def _patched(module, name, value):
+    saved = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, saved)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])

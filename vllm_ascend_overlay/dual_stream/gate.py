@@ -1,0 +1,91 @@
+"""Does this batch take the dual-stream path? The decision and its split.
+
+Dual stream runs only when all hold: the feature is on, TP > 1, the forward is eager
+(no graph captured or replayed), the attention metadata is the plain per-layer dict of
+one prefill-type batch (not DecodeOnly, not SpecDecoding), no padding request or padded
+token, no context-parallel / KV-compression metadata, and the split strategy accepts a
+split point.
+
+Every input is the same on every TP rank (the config, the TP size, the graph mode, and
+metadata built from the one scheduler output every rank receives; host-side lists and
+counts only, never device values), so all ranks take the same path. A rank that went
+dual-stream while another did not would issue collectives of other sizes: a hang.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_ascend.dual_stream.config import DualStreamConfig
+from vllm_ascend.dual_stream.split import (
+    SplitPoint,
+    choose_split,
+    query_lens_from_cumulative,
+    required_defaults_violated,
+    split_metadata_by_layer,
+)
+
+SINGLE_STREAM_STATES = frozenset({"DecodeOnly", "SpecDecoding"})
+
+
+@dataclass(frozen=True)
+class DualStreamPlan:
+    point: SplitPoint
+    metadata: tuple[dict[str, Any], dict[str, Any]]  # per micro-batch: layer name -> metadata
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    plan: DualStreamPlan | None
+    reason: str  # why single stream; "split" when the plan is set
+
+
+def _state_name(metadata: Any) -> str:
+    state = getattr(metadata, "attn_state", None)
+    return getattr(state, "name", str(state))
+
+
+def decide(
+    config: DualStreamConfig,
+    attn_metadata: Any,
+    num_input_tokens: int,
+    tp_world_size: int,
+    eager: bool,
+) -> GateDecision:
+    """Plan the split of this batch, or say why it runs single-stream."""
+    if not config.enabled:
+        return GateDecision(None, "disabled")
+    if tp_world_size <= 1:
+        return GateDecision(None, "tensor parallel size is 1")
+    if not eager:
+        return GateDecision(None, "graph mode")
+    if not isinstance(attn_metadata, dict) or not attn_metadata:
+        return GateDecision(None, "no per-layer attention metadata (profile, dummy or speculative run)")
+    reference = next(iter(attn_metadata.values()))
+    cumulative = getattr(reference, "actual_seq_lengths_q", None)
+    if cumulative is None or len(cumulative) < 2:
+        return GateDecision(None, "fewer than two requests")
+    for metadata in attn_metadata.values():
+        if _state_name(metadata) in SINGLE_STREAM_STATES:
+            return GateDecision(None, f"{_state_name(metadata)} batch")
+        field = required_defaults_violated(metadata)
+        if field is not None:
+            return GateDecision(None, f"metadata field {field} in use")
+        if metadata is not reference and list(metadata.actual_seq_lengths_q) != list(cumulative):
+            return GateDecision(None, "attention groups disagree on the batch")
+    num_requests = len(cumulative)
+    num_tokens = int(cumulative[-1])
+    if (
+        num_tokens != num_input_tokens
+        or reference.num_actual_tokens != num_tokens
+        or (reference.seq_lens_list is not None and len(reference.seq_lens_list) != num_requests)
+        or (reference.block_tables is not None and reference.block_tables.shape[0] < num_requests)
+    ):
+        return GateDecision(None, "padded batch")
+    point = choose_split(
+        query_lens_from_cumulative(cumulative), config.split_strategy, config.balance_threshold, config.length_threshold
+    )
+    if point is None:
+        return GateDecision(None, "split refused by strategy")
+    return GateDecision(DualStreamPlan(point, split_metadata_by_layer(attn_metadata, point)), "split")

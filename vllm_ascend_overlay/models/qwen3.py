@@ -1,0 +1,209 @@
+"""Qwen3 dense with dual-stream TP all-reduce overlap for prefill batches.
+
+``DualStreamQwen3ForCausalLM`` is vLLM's ``Qwen3ForCausalLM``: same layers, same weight
+loading, same forward for every batch that does not qualify (``dual_stream.gate``) and
+for every batch when ``dual_stream_config.enabled`` is false. A qualifying batch is
+embedded, cut into two micro-batches, run through the layers eagerly with the
+dual-stream schedule (``dual_stream.schedule``), merged and normalised.
+
+Runtime faults in the dual-stream path fall back to the upstream forward of the same
+batch with one warning, and the feature stays off for the rest of the process. The
+fallback is taken identically by all TP ranks when the fault is (as it is for anything
+derived from the batch) the same on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from itertools import islice
+from typing import Any
+
+import torch
+from vllm.config import VllmConfig
+from vllm.config.compilation import CUDAGraphMode
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from vllm.forward_context import ForwardContext, get_forward_context
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.sequence import IntermediateTensors
+from vllm_ascend.dual_stream.config import CONFIG_KEY, DualStreamConfig
+from vllm_ascend.dual_stream.gate import DualStreamPlan, decide
+from vllm_ascend.dual_stream.schedule import MicroBatch, run_layers
+from vllm_ascend.dual_stream.split import SplitPoint, split_tokens
+from vllm_ascend.dual_stream.streams import NpuStreamBackend, StreamBackend
+
+logger = logging.getLogger(__name__)
+
+
+def load_dual_stream_config(vllm_config: VllmConfig) -> DualStreamConfig:
+    """The validated config from AscendConfig; parsed from additional_config when that is absent."""
+    try:
+        from vllm_ascend.ascend_config import get_ascend_config
+
+        config = getattr(get_ascend_config(), "dual_stream_config", None)
+        if isinstance(config, DualStreamConfig):
+            return config
+    except (ImportError, RuntimeError):
+        pass
+    return DualStreamConfig.from_dict((vllm_config.additional_config or {}).get(CONFIG_KEY))
+
+
+class Qwen3LayerOps:
+    """The two halves of vLLM's ``Qwen3DecoderLayer``, built from its own submodules."""
+
+    @staticmethod
+    def attention_partial(layer, positions, hidden_states, residual):
+        if residual is None:
+            residual = hidden_states
+            hidden_states = layer.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = layer.input_layernorm(hidden_states, residual)
+        return layer.self_attn(positions=positions, hidden_states=hidden_states), residual
+
+    @staticmethod
+    def mlp_partial(layer, hidden_states, residual):
+        hidden_states, residual = layer.post_attention_layernorm(hidden_states, residual)
+        return layer.mlp(hidden_states), residual
+
+
+def _row_parallel_layers(layers: list[Any]) -> list[Any]:
+    return [m for layer in layers for m in (layer.self_attn.o_proj, layer.mlp.down_proj)]
+
+
+@contextlib.contextmanager
+def row_parallel_reduce_deferred(layers: list[Any]) -> Iterator[None]:
+    """o_proj / down_proj return partial sums for the call; their all-reduce moves to the schedule."""
+    modules = _row_parallel_layers(layers)
+    saved = [m.reduce_results for m in modules]
+    try:
+        for m in modules:
+            m.reduce_results = False
+        yield
+    finally:
+        for m, value in zip(modules, saved, strict=True):
+            m.reduce_results = value
+
+
+@contextlib.contextmanager
+def micro_batch_context(ctx: ForwardContext, plan: DualStreamPlan, index: int) -> Iterator[None]:
+    """Install micro-batch ``index``'s attention metadata (and slot mapping) in the forward context."""
+    saved_metadata, saved_slots = ctx.attn_metadata, ctx.slot_mapping
+    ctx.attn_metadata = plan.metadata[index]
+    if isinstance(saved_slots, dict) and saved_slots:
+        ctx.slot_mapping = {name: split_tokens(t, plan.point)[index] for name, t in saved_slots.items()}
+    try:
+        yield
+    finally:
+        ctx.attn_metadata, ctx.slot_mapping = saved_metadata, saved_slots
+
+
+class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.dual_stream_config = load_dual_stream_config(vllm_config)
+        # Built on first use (NPU streams need the device); CPU tests assign their own.
+        self.dual_stream_backend: StreamBackend | None = None
+        self.dual_stream_batches = 0  # forwards that took the dual-stream path
+        self.dual_stream_last_reason = ""
+        self.dual_stream_strict = False  # tests: re-raise instead of falling back
+        self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
+
+    def _supports_dual_stream(self) -> bool:
+        if get_pp_group().world_size > 1:
+            logger.warning("%s: pipeline parallelism is on; dual stream stays off.", CONFIG_KEY)
+            return False
+        for module in _row_parallel_layers(self._local_layers()):
+            if getattr(module, "custom_op", None) is not None or not hasattr(module, "reduce_results"):
+                logger.warning(
+                    "%s: %s replaces the row-parallel all-reduce (%s); dual stream stays off.",
+                    CONFIG_KEY,
+                    type(module).__name__,
+                    type(getattr(module, "custom_op", None)).__name__,
+                )
+                return False
+        return True
+
+    def _local_layers(self) -> list[Any]:
+        return list(islice(self.model.layers, self.model.start_layer, self.model.end_layer))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        if self._dual_stream_on and intermediate_tensors is None and not self.model.aux_hidden_state_layers:
+            try:
+                plan = self._plan(positions)
+                if plan is not None:
+                    return self._forward_dual_stream(plan, input_ids, positions, inputs_embeds)
+            except Exception:
+                if self.dual_stream_strict:
+                    raise
+                self._fall_back()
+        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def _plan(self, positions: torch.Tensor) -> DualStreamPlan | None:
+        try:
+            ctx = get_forward_context()
+        except AssertionError:
+            return None
+        eager = (
+            ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE
+            and not getattr(ctx, "capturing", False)
+            and not torch.compiler.is_compiling()
+        )
+        decision = decide(
+            self.dual_stream_config,
+            ctx.attn_metadata,
+            int(positions.shape[-1]),
+            get_tensor_model_parallel_world_size(),
+            eager,
+        )
+        self.dual_stream_last_reason = decision.reason
+        return decision.plan
+
+    def _backend(self) -> StreamBackend:
+        if self.dual_stream_backend is None:
+            self.dual_stream_backend = NpuStreamBackend(tensor_model_parallel_all_reduce)
+        return self.dual_stream_backend
+
+    def _fall_back(self) -> None:
+        logger.warning(
+            "%s: the dual-stream forward failed; this batch and all later ones run single-stream.",
+            CONFIG_KEY,
+            exc_info=True,
+        )
+        self._dual_stream_on = False
+        if self.dual_stream_backend is not None:
+            self.dual_stream_backend.finish()
+
+    def _forward_dual_stream(
+        self,
+        plan: DualStreamPlan,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        inputs_embeds: torch.Tensor | None,
+    ) -> torch.Tensor:
+        ctx = get_forward_context()
+        point: SplitPoint = plan.point
+        hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
+        position_halves = split_tokens(positions, point, dim=-1)
+        hidden_halves = split_tokens(hidden_states, point)
+        micro_batches = [MicroBatch(position_halves[i], hidden_halves[i], None) for i in range(2)]
+        layers = self._local_layers()
+        with row_parallel_reduce_deferred(layers):
+            run_layers(
+                layers,
+                micro_batches,
+                Qwen3LayerOps,
+                self._backend(),
+                lambda i: micro_batch_context(ctx, plan, i),
+            )
+        hidden_states = torch.cat([mb.hidden_states for mb in micro_batches])
+        residual = torch.cat([mb.residual for mb in micro_batches])
+        hidden_states, _ = self.model.norm(hidden_states, residual)
+        self.dual_stream_batches += 1
+        return hidden_states

@@ -148,3 +148,12 @@ def test_ascend_config_runs_the_dual_stream_validation(tp_runs):
     assert "weight_prefetch_config.enabled" in cases["weight_prefetch"]["error"]
     for name in ("bad_strategy", "flashcomm1", "matmul_allreduce", "flashcomm2", "weight_prefetch"):
         assert cases[name]["error"].startswith("ValueError: "), cases[name]
+
+
+def test_qwen3_dense_resolves_to_the_dual_stream_class(tp_runs):
+    """Patch 0300: after vllm-ascend's register_model, vLLM's registry loads our subclass."""
+    assert tp_runs[0]["registered"] == {
+        "module": "vllm_ascend.models.qwen3",
+        "class": "DualStreamQwen3ForCausalLM",
+        "loaded": "vllm_ascend.models.qwen3.DualStreamQwen3ForCausalLM",
+    }

@@ -256,6 +256,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
                 )
         results["fault"] = fault_falls_back(model, run, scenarios()["mixed_with_history"])
         if rank == 0:
+            results["registered"] = registered_qwen3()
             results["ascend_config"] = ascend_config_hook_cases(model_config)
     except Exception:
         results["errors"].append(traceback.format_exc())
@@ -328,6 +329,17 @@ def fault_falls_back(model, run, scenario):
         "max_out_diff_after": float((again - reference).abs().max()),
         "failing_backend_calls": backend.calls,
     }
+
+
+def registered_qwen3():
+    """vllm-ascend's register_model (patched by 0300): what Qwen3ForCausalLM resolves to."""
+    from vllm import ModelRegistry
+    from vllm_ascend.models import register_model
+
+    register_model()
+    entry = ModelRegistry.models["Qwen3ForCausalLM"]
+    cls = ModelRegistry._try_load_model_cls("Qwen3ForCausalLM")
+    return {"module": entry.module_name, "class": entry.class_name, "loaded": f"{cls.__module__}.{cls.__name__}"}
 
 
 def ascend_config_hook_cases(model_config):

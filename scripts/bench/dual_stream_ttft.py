@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""TTFT and TPOT of a Qwen3 dense model at TP=2 with and without dual stream, side by side.
+
+For an Ascend host with the patched wheel installed. For each variant (dual stream off,
+then on) it starts ``vllm serve MODEL --tensor-parallel-size 2`` with the variant's
+``--additional-config``, waits for ``/health``, drives it with ``vllm bench serve`` at
+the seed's setting (random prompts of 2600 input tokens, 400 requests, all sent at once),
+stops the server, and finally prints mean, median and P99 TTFT and TPOT of both runs and
+the change in percent, as the seed's table does (its figures: mean TTFT -6.30 %, median
+-6.71 %, P99 -6.90 %).
+
+    python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B
+    python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B --dry-run   # commands only
+
+The two runs are measured one after the other on the same machine; the ratio is the
+result, not either absolute number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+METRICS = (
+    ("Mean TTFT (ms)", "mean_ttft_ms"),
+    ("Median TTFT (ms)", "median_ttft_ms"),
+    ("P99 TTFT (ms)", "p99_ttft_ms"),
+    ("Mean TPOT (ms)", "mean_tpot_ms"),
+    ("Median TPOT (ms)", "median_tpot_ms"),
+    ("P99 TPOT (ms)", "p99_tpot_ms"),
+)
+STRATEGIES = ("half_batch", "token_balanced")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # also the result file stem
+    label: str
+    dual_stream: bool
+
+
+VARIANTS = (Variant("single_stream", "single stream", False), Variant("dual_stream", "dual stream", True))
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="Qwen3 dense model path or name")
+    parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=2, dest="tp")
+    parser.add_argument("--input-len", type=_positive_int, default=2600, help="random prompt tokens (seed: 2600)")
+    parser.add_argument("--output-len", type=_positive_int, default=128, help="generated tokens per request")
+    parser.add_argument("--num-prompts", type=_positive_int, default=400, help="requests (seed: batch 400)")
+    parser.add_argument("--request-rate", default="inf", help="requests/s for vllm bench serve (inf: all at once)")
+    parser.add_argument("--split-strategy", choices=STRATEGIES, default="token_balanced")
+    parser.add_argument("--balance-threshold", type=_positive_float, default=None, help="default: the config's")
+    parser.add_argument("--length-threshold", type=_positive_int, default=None, help="default: the config's")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=_positive_int, default=8000)
+    parser.add_argument("--seed", type=int, default=0, help="prompt sampling seed, the same for both runs")
+    parser.add_argument("--ready-timeout-s", type=_positive_int, default=1800, help="wait for /health this long")
+    parser.add_argument("--result-dir", type=Path, default=Path("results/dual_stream_ttft"))
+    parser.add_argument("--vllm", default="vllm", help="the vllm executable")
+    parser.add_argument(
+        "--serve-arg", action="append", default=[], help="extra argument for vllm serve, both runs (repeatable)"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    if args.tp < 2:
+        parser.error("--tensor-parallel-size must be >= 2: dual stream overlaps the TP all-reduce, none at TP=1")
+    if args.request_rate != "inf":
+        try:
+            if float(args.request_rate) <= 0:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--request-rate must be 'inf' or a number > 0, got {args.request_rate!r}")
+    return args
+
+
+def additional_config(args: argparse.Namespace, variant: Variant) -> dict:
+    config: dict = {"enabled": variant.dual_stream}
+    if variant.dual_stream:
+        config["split_strategy"] = args.split_strategy
+        if args.balance_threshold is not None:
+            config["balance_threshold"] = args.balance_threshold
+        if args.length_threshold is not None:
+            config["length_threshold"] = args.length_threshold
+    return {"dual_stream_config": config}
+
+
+def serve_command(args: argparse.Namespace, variant: Variant) -> list[str]:
+    return [
+        args.vllm,
+        "serve",
+        args.model,
+        "--tensor-parallel-size",
+        str(args.tp),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--additional-config",
+        json.dumps(additional_config(args, variant), separators=(",", ":")),
+        *[part for extra in args.serve_arg for part in shlex.split(extra)],
+    ]
+
+
+def result_path(args: argparse.Namespace, variant: Variant) -> Path:
+    return args.result_dir / f"{variant.name}.json"
+
+
+def bench_command(args: argparse.Namespace, variant: Variant) -> list[str]:
+    path = result_path(args, variant)
+    return [
+        args.vllm,
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--model",
+        args.model,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--request-rate",
+        str(args.request_rate),
+        "--ignore-eos",
+        "--seed",
+        str(args.seed),
+        "--percentile-metrics",
+        "ttft,tpot",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--result-dir",
+        str(path.parent),
+        "--result-filename",
+        path.name,
+    ]
+
+
+def change_percent(single: float, dual: float) -> float:
+    return (dual - single) / single * 100.0
+
+
+def comparison_table(single: dict, dual: dict) -> str:
+    """The seed's table: each metric for both runs and the change in percent."""
+    rows = [f"{'metric':<18}{'single stream':>15}{'dual stream':>15}{'change':>10}"]
+    for label, key in METRICS:
+        a, b = float(single[key]), float(dual[key])
+        change = f"{change_percent(a, b):+.2f}%" if a else "n/a"
+        rows.append(f"{label:<18}{a:>15.2f}{b:>15.2f}{change:>10}")
+    return "\n".join(rows)
+
+
+def _wait_ready(args: argparse.Namespace, server: subprocess.Popen) -> None:
+    url = f"http://{args.host}:{args.port}/health"
+    deadline = time.monotonic() + args.ready_timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"vllm serve exited with code {server.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(5)
+    raise TimeoutError(f"{url} not ready after {args.ready_timeout_s} s")
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is not None:
+        return
+    os.killpg(server.pid, signal.SIGTERM)  # the server's own session: vllm serve and its workers
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+def run_variant(args: argparse.Namespace, variant: Variant) -> dict:
+    server = subprocess.Popen(serve_command(args, variant), start_new_session=True)
+    try:
+        _wait_ready(args, server)
+        subprocess.run(bench_command(args, variant), check=True)
+    finally:
+        _stop(server)
+    return json.loads(result_path(args, variant).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        for variant in VARIANTS:
+            print(f"# {variant.label}")
+            print(shlex.join(serve_command(args, variant)))
+            print(shlex.join(bench_command(args, variant)))
+        return 0
+    args.result_dir.mkdir(parents=True, exist_ok=True)
+    results = {variant.name: run_variant(args, variant) for variant in VARIANTS}
+    print(
+        f"{args.model}, TP={args.tp}, input {args.input_len} tokens, output {args.output_len}, "
+        f"{args.num_prompts} requests, dual stream {args.split_strategy}"
+    )
+    print(comparison_table(results["single_stream"], results["dual_stream"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

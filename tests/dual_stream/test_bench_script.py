@@ -1,0 +1,108 @@
+"""scripts/bench/dual_stream_ttft.py: arguments, commands and the table, without an NPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+
+import conftest
+import pytest
+
+SCRIPT = conftest.ROOT / "scripts" / "bench" / "dual_stream_ttft.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("dual_stream_ttft", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(spec.name, None)
+
+
+def _flag(command, name):
+    return command[command.index(name) + 1]
+
+
+def test_defaults_are_the_seeds_setting(bench):
+    args = bench.parse_args(["--model", "/m/Qwen3-8B"])
+    assert (args.tp, args.input_len, args.num_prompts, args.request_rate) == (2, 2600, 400, "inf")
+
+
+def test_serve_commands_differ_only_in_the_dual_stream_config(bench):
+    args = bench.parse_args(["--model", "/m/Qwen3-8B", "--split-strategy", "half_batch", "--length-threshold", "256",
+                             "--serve-arg", "--max-num-batched-tokens 8192"])  # fmt: skip
+    single, dual = (bench.serve_command(args, v) for v in bench.VARIANTS)
+    assert single[:3] == ["vllm", "serve", "/m/Qwen3-8B"] and _flag(single, "--tensor-parallel-size") == "2"
+    assert json.loads(_flag(single, "--additional-config")) == {"dual_stream_config": {"enabled": False}}
+    assert json.loads(_flag(dual, "--additional-config")) == {
+        "dual_stream_config": {"enabled": True, "split_strategy": "half_batch", "length_threshold": 256}
+    }
+    assert single[-2:] == dual[-2:] == ["--max-num-batched-tokens", "8192"]
+    strip = [i for i, part in enumerate(single) if part == "--additional-config"][0] + 1
+    assert single[:strip] == dual[:strip] and single[strip + 1 :] == dual[strip + 1 :]
+
+
+def test_bench_command_drives_the_seeds_load_and_saves_where_it_reads(bench, tmp_path):
+    args = bench.parse_args(["--model", "m", "--result-dir", str(tmp_path), "--port", "8123"])
+    for variant in bench.VARIANTS:
+        command = bench.bench_command(args, variant)
+        assert command[:3] == ["vllm", "bench", "serve"]
+        assert _flag(command, "--random-input-len") == "2600" and _flag(command, "--num-prompts") == "400"
+        assert _flag(command, "--dataset-name") == "random" and _flag(command, "--port") == "8123"
+        assert _flag(command, "--percentile-metrics") == "ttft,tpot"
+        assert _flag(command, "--metric-percentiles") == "50,99"
+        assert "--save-result" in command
+        path = tmp_path / _flag(command, "--result-filename")
+        assert path == bench.result_path(args, variant) and _flag(command, "--result-dir") == str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "m", "--tp", "1"], "--tensor-parallel-size must be >= 2"),
+        (["--model", "m", "--num-prompts", "0"], "must be >= 1"),
+        (["--model", "m", "--request-rate", "fast"], "--request-rate must be 'inf' or a number > 0"),
+        (["--model", "m", "--split-strategy", "random"], "invalid choice"),
+        (["--model", "m", "--balance-threshold", "0"], "must be > 0"),
+        ([], "--model"),
+    ],
+)
+def test_bad_arguments_are_refused(bench, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_dry_run_prints_four_commands_and_runs_nothing(bench, capsys, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("dry run started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    monkeypatch.setattr(subprocess, "run", refuse)
+    assert bench.main(["--model", "/m/Qwen3-32B", "--dry-run"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "# single stream" and lines[3] == "# dual stream"
+    commands = [shlex.split(line) for line in lines if not line.startswith("#")]
+    assert [c[1] for c in commands] == ["serve", "bench", "serve", "bench"]
+    assert '"enabled":true' in lines[4] and '"enabled":false' in lines[1]
+
+
+def test_the_table_shows_the_change_in_percent(bench):
+    # the seed's TTFT figures (ms): single 4318.88 / 3844.99 / 8084.73, dual 4046.86 / 3587.15 / 7526.99
+    single = dict(mean_ttft_ms=4318.88, median_ttft_ms=3844.99, p99_ttft_ms=8084.73, mean_tpot_ms=50.0,
+                  median_tpot_ms=48.0, p99_tpot_ms=80.0)  # fmt: skip
+    dual = dict(mean_ttft_ms=4046.86, median_ttft_ms=3587.15, p99_ttft_ms=7526.99, mean_tpot_ms=51.0,
+                median_tpot_ms=48.0, p99_tpot_ms=84.0)  # fmt: skip
+    table = bench.comparison_table(single, dual).splitlines()
+    assert table[0].split() == ["metric", "single", "stream", "dual", "stream", "change"]
+    assert table[1].split()[-3:] == ["4318.88", "4046.86", "-6.30%"]
+    assert table[2].split()[-1] == "-6.71%" and table[3].split()[-1] == "-6.90%"
+    assert table[4].split()[-1] == "+2.00%" and table[6].split()[-1] == "+5.00%"

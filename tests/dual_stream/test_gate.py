@@ -1,0 +1,102 @@
+"""The gate: which batches go dual-stream, from host-side metadata every TP rank holds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from vllm_ascend.dual_stream.config import DualStreamConfig
+from vllm_ascend.dual_stream.gate import decide
+
+from dual_stream.batches import FakeAttentionState, Request, build_batch
+
+ON = DualStreamConfig(True, "token_balanced", 1.0, 8)
+MIXED = [Request(7, 1), Request(12, 1), Request(16, 20), Request(0, 13), Request(3, 9)]
+
+
+def _batch(requests=MIXED, **kwargs):
+    metadata, positions = build_batch(requests, block_size=4, num_blocks=64, **kwargs)
+    return metadata, positions.shape[0]
+
+
+def test_a_mixed_prefill_batch_is_split():
+    metadata, tokens = _batch()
+    decision = decide(ON, {"l0": metadata, "l1": metadata}, tokens, tp_world_size=2, eager=True)
+    assert decision.reason == "split" and decision.plan.point.first_tokens == 22
+    first, second = decision.plan.metadata
+    assert first["l0"] is first["l1"]
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (dict(config=DualStreamConfig()), "disabled"),
+        (dict(tp_world_size=1), "tensor parallel size is 1"),
+        (dict(eager=False), "graph mode"),
+        (dict(attn_metadata=None), "no per-layer attention metadata"),
+        (dict(attn_metadata=[{}]), "no per-layer attention metadata"),
+        (dict(config=DualStreamConfig(True, "token_balanced", 1.0, 100)), "split refused by strategy"),
+        (dict(num_input_tokens=48), "padded batch"),
+    ],
+)
+def test_batches_that_stay_single_stream(change, reason):
+    metadata, tokens = _batch()
+    call = dict(config=ON, attn_metadata={"l0": metadata}, num_input_tokens=tokens, tp_world_size=2, eager=True)
+    call.update(change)
+    decision = decide(**call)
+    assert decision.plan is None and decision.reason.startswith(reason)
+
+
+@pytest.mark.parametrize("state", [FakeAttentionState.DecodeOnly, FakeAttentionState.SpecDecoding])
+def test_decode_and_speculative_batches_stay_single_stream(state):
+    metadata, tokens = _batch([Request(5, 1)] * 4 if state is FakeAttentionState.DecodeOnly else MIXED, state=state)
+    decision = decide(DualStreamConfig(True, "half_batch", 1.0, 1), {"l0": metadata}, tokens, 2, True)
+    assert decision.plan is None and decision.reason == f"{state.name} batch"
+
+
+def test_a_padding_request_keeps_the_batch_single_stream():
+    """The builder's FIA padding: one more request in query_start_loc, seq_lens and block_tables."""
+    metadata, tokens = _batch()
+    pad_row = metadata.block_tables.new_zeros(1, metadata.block_tables.shape[1])
+    padded = dataclasses.replace(
+        metadata,
+        actual_seq_lengths_q=[*metadata.actual_seq_lengths_q, tokens + 2],
+        seq_lens_list=[*metadata.seq_lens_list, 1],
+        block_tables=torch.cat([metadata.block_tables, pad_row]),
+    )
+    assert decide(ON, {"l0": padded}, tokens + 2, 2, True).reason == "padded batch"
+
+
+@pytest.mark.parametrize("field, value", [("prefill", object()), ("kvcomp_metadata", object()),
+                                          ("num_actual_tokens_pcp_padded", 64)])  # fmt: skip
+def test_metadata_of_features_the_splitter_does_not_cut_keeps_single_stream(field, value):
+    metadata, tokens = _batch()
+    decision = decide(ON, {"l0": dataclasses.replace(metadata, **{field: value})}, tokens, 2, True)
+    assert decision.reason == f"metadata field {field} in use"
+
+
+def test_attention_groups_that_disagree_keep_single_stream():
+    metadata, tokens = _batch()
+    other = dataclasses.replace(metadata, actual_seq_lengths_q=[1, 2, 21, 35, 44])
+    assert metadata.actual_seq_lengths_q == [1, 2, 22, 35, 44]
+    assert decide(ON, {"l0": metadata, "l1": other}, tokens, 2, True).reason == "attention groups disagree on the batch"
+
+
+def test_the_decision_reads_no_device_values():
+    """Device tensors replaced by meta tensors (shapes, no data): same decision, same split.
+
+    The decision therefore rests on host-side lists and counts built from the scheduler
+    output, which every TP rank holds identically, and never synchronises the device.
+    """
+    metadata, tokens = _batch()
+    on_meta = dataclasses.replace(
+        metadata,
+        query_start_loc=metadata.query_start_loc.to("meta"),
+        slot_mapping=metadata.slot_mapping.to("meta"),
+        block_tables=metadata.block_tables.to("meta"),
+    )
+    host = decide(ON, {"l0": metadata}, tokens, 2, True)
+    meta = decide(ON, {"l0": on_meta}, tokens, 2, True)
+    assert meta.reason == host.reason == "split" and meta.plan.point == host.plan.point
+    assert meta.plan.metadata[1]["l0"].query_start_loc.device.type == "meta"

@@ -7,19 +7,22 @@ parent process, so the parent never imports vLLM.
 - ``make_scheduler``: a ``VllmConfig`` for a tiny local model (no hub access), one
   full-attention KV group big enough for the workload, and the scheduler class asked for.
 - ``SurfaceExecutor``: the model executor as the scheduler sees it at start-up; answers
-  ``collective_rpc("profile_prefill_latency", args=(chunk_tokens,))`` from the surface
-  with what the output rank measures (the last stage's compute for a fresh chunk).
+  ``collective_rpc("profile_prefill_latency", args=(chunk_tokens[, history_tokens]))``
+  from the surface: each worker returns its own stage's compute time (one list entry
+  per worker; the named rank's alone with ``unique_reply_rank``).
 - ``VllmDriver``: the ``pipeline.Driver`` over a scheduler: admits requests at their
   arrival, turns each ``SchedulerOutput`` into chunks, and builds the
   ``ModelRunnerOutput`` when the batch leaves the last stage: one sampled token per
   request whose chunk reached its last known token, and ``execution_time_ms`` = the last
-  stage's time (what the NPU model runner attaches while timing is on).
+  stage's compute time (the output comes from the last PP rank) on the steps the
+  policy's timing rule says the model runner times.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -131,7 +134,7 @@ class SurfaceExecutor:
     def __init__(self, vllm_config: Any, timer: StageTimer) -> None:
         self.vllm_config = vllm_config
         self.timer = timer
-        self.profile_calls: list[tuple[int, float]] = []
+        self.profile_calls: list[tuple[int, int, float]] = []
 
     def collective_rpc(
         self,
@@ -145,25 +148,29 @@ class SurfaceExecutor:
     ) -> Any:
         if method != "profile_prefill_latency":
             raise NotImplementedError(f"the twin's executor answers profile_prefill_latency only, not {method!r}")
-        chunk_tokens = int(args[0] if args else (kwargs or {})["num_tokens"])
-        latency_ms = self.timer.profile_ms(chunk_tokens, len(self.profile_calls))
-        self.profile_calls.append((chunk_tokens, latency_ms))
+        kwargs = kwargs or {}
+        chunk_tokens = int(args[0] if args else kwargs.get("num_tokens", kwargs.get("chunk_tokens")))
+        history_tokens = int(args[1] if len(args) > 1 else kwargs.get("history_tokens", 0) or 0)
+        stage_ms = self.timer.profile_stage_ms(chunk_tokens, history_tokens, len(self.profile_calls))
+        self.profile_calls.append((chunk_tokens, history_tokens, stage_ms[-1]))
+        parallel = self.vllm_config.parallel_config
+        per_worker = [stage_ms[rank // parallel.tensor_parallel_size] for rank in range(parallel.world_size)]
         if unique_reply_rank is not None:
-            return latency_ms
-        return [latency_ms] * self.vllm_config.parallel_config.world_size
+            return per_worker[unique_reply_rank]
+        return per_worker
 
 
 class VllmDriver:
     """``pipeline.Driver`` over a real scheduler object."""
 
-    def __init__(self, scheduler: Any, workload: Workload, timing_attribute: str | None = "execution_time_ms") -> None:
+    def __init__(self, scheduler: Any, workload: Workload, timed: Callable[[Any], bool] | None = None) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.request import Request
 
         self.scheduler = scheduler
-        self.timing_attribute = timing_attribute
+        self.timed = timed
         hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         hasher = get_request_block_hasher(BLOCK_TOKENS, hash_fn)
@@ -233,8 +240,8 @@ class VllmDriver:
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[SAMPLED_TOKEN_ID] if c.samples else [] for c in record.chunks],
         )
-        if self.timing_attribute and record.stage_end_ms and not getattr(handle, "disable_profiling_timing", False):
-            setattr(output, self.timing_attribute, record.stage_ms[-1])
+        if self.timed is not None and record.stage_end_ms and self.timed(handle):
+            output.execution_time_ms = record.stage_ms[-1]
         self.scheduler.update_from_output(handle, output)
         for chunk in record.chunks:
             if not chunk.samples:

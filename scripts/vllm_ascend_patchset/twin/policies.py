@@ -63,13 +63,15 @@ def upstream(base_chunk_tokens: int, **options: Any) -> Policy:
 
 
 def ours(base_chunk_tokens: int, **options: Any) -> Policy:
-    config = {"profiling_chunk_config": {"enabled": True, **options}}
+    # No profile cache: every twin run profiles its own surface, as a fresh server would.
+    config = {"profiling_chunk_config": {"enabled": True, "cache_dir": "", **options}}
     return Policy("ours", "ours", base_chunk_tokens, config)
 
 
 def ours_available() -> bool:
-    """Our scheduler exists once issue 4's overlay file is in the tree and assembled."""
-    return OUR_SCHEDULER.exists() and (assembled_root() / "vllm_ascend" / "core" / OUR_SCHEDULER.name).exists()
+    """Our scheduler is in the overlay and the assembled tree carries exactly that file."""
+    assembled = assembled_root() / "vllm_ascend" / "core" / OUR_SCHEDULER.name
+    return OUR_SCHEDULER.exists() and assembled.exists() and assembled.read_bytes() == OUR_SCHEDULER.read_bytes()
 
 
 def pristine_root() -> Path:

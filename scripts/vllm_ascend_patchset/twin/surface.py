@@ -291,7 +291,8 @@ class StageTimer:
         noise = self._noise(0, batch_index)
         return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, noise, strict=True))
 
-    def profile_ms(self, chunk_tokens: int, call_index: int) -> float:
-        """What a worker's ``profile_prefill_latency`` returns: the last stage's compute for a fresh chunk."""
-        total_ms = self.surface.request_ms(chunk_tokens, 0)
-        return total_ms * self.stage_shares[-1] * float(self._noise(1, call_index)[-1])
+    def profile_stage_ms(self, chunk_tokens: int, history_tokens: int, call_index: int) -> tuple[float, ...]:
+        """Each stage's compute for one profiling run (what each PP rank's worker measures)."""
+        total_ms = self.surface.request_ms(chunk_tokens, history_tokens)
+        noise = self._noise(1, call_index)
+        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, noise, strict=True))

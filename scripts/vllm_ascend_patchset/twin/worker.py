@@ -23,6 +23,7 @@ from typing import Any
 from .stubs import install_npu_stubs, set_cpu_environment
 
 UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
+BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop
 
 
 def _load_module_from_tree(tree: Path, name: str):
@@ -41,6 +42,19 @@ def _import_vllm() -> None:
     import vllm.config  # noqa: F401
     import vllm.v1.core.sched.scheduler  # noqa: F401
     import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
+
+
+def _upstream_timed(scheduler_output: Any) -> bool:
+    """Upstream's model runner times every step until the engine patch flags calibration done."""
+    return not getattr(scheduler_output, "disable_profiling_timing", False)
+
+
+def _ours_timed(scheduler_output: Any) -> bool:
+    """Ours times only the steps the scheduler marks."""
+    return bool(getattr(scheduler_output, "cpp_time_step", False))
+
+
+TIMING_RULES = {"upstream": _upstream_timed, "ours": _ours_timed}
 
 
 class PolicyRunner:
@@ -77,7 +91,7 @@ class PolicyRunner:
 
         executor = SurfaceExecutor(vllm_config, self.timer)
         setup_s = self._start_up(kind, scheduler, executor)
-        driver = VllmDriver(scheduler, self.workload)
+        driver = VllmDriver(scheduler, self.workload, TIMING_RULES.get(kind))
         batches = run_pipeline(driver, self.timer, self.num_stages, vllm_config.max_concurrent_batches)
         return {
             "policy": policy,
@@ -95,6 +109,8 @@ class PolicyRunner:
 
             return Scheduler
         if kind in ("upstream", "ours"):
+            if kind == "ours":
+                _load_module_from_tree(self.tree, BALANCE_MODULE)
             from vllm_ascend.core.scheduler_profiling_chunk import ProfilingChunkScheduler
 
             return ProfilingChunkScheduler

@@ -1,0 +1,148 @@
+"""Latency surfaces (model, CSV, engine profile) and workloads of the twin."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from vllm_ascend_patchset.twin.pipeline import Chunk
+from vllm_ascend_patchset.twin.surface import (
+    SYNTHETIC,
+    GridSurface,
+    QuadraticSurface,
+    StageTimer,
+    batch_ms,
+    load_surface,
+)
+from vllm_ascend_patchset.twin.workloads import long_prompt, mixed, prompt_token_ids
+
+ROOT = Path(__file__).resolve().parents[2]
+TRUE = QuadraticSurface(5.0, 0.04, 1e-4, 3e-6, 2e-6, name="true")
+
+
+def grid_points(surface, chunks=(256, 512, 1024, 2048), histories=(0, 4096, 16384)):
+    return [(c, h, surface.request_ms(c, h)) for c in chunks for h in histories]
+
+
+def test_fit_recovers_the_coefficients_of_a_noiseless_surface():
+    fitted = QuadraticSurface.fit(grid_points(TRUE))
+    assert fitted.coefficients == pytest.approx(TRUE.coefficients, rel=1e-6, abs=1e-12)
+
+
+def test_a_batch_pays_the_fixed_cost_once_and_each_request_its_own_attention():
+    one = TRUE.request_ms(1024, 8192)
+    assert batch_ms(TRUE, [(1024, 8192)]) == pytest.approx(one)
+    two = batch_ms(TRUE, [(1024, 8192), (1, 30000)])
+    assert two == pytest.approx(one + TRUE.request_ms(1, 30000) - TRUE.fixed_ms)
+    assert batch_ms(TRUE, []) == 0.0
+
+
+def test_csv_grid_is_exact_on_its_points_and_uses_the_fit_outside(tmp_path):
+    path = tmp_path / "surface.csv"
+    rows = ["# measured on a test", "chunk_tokens,history_tokens,latency_ms"]
+    rows += [f"{c},{h},{ms}" for c, h, ms in grid_points(TRUE)]
+    path.write_text("\n".join(rows) + "\n")
+    surface = load_surface(str(path))
+    assert isinstance(surface, GridSurface)
+    assert surface.request_ms(512, 4096) == pytest.approx(TRUE.request_ms(512, 4096))
+    # Outside the grid (longer history than measured) the fitted model answers.
+    assert surface.request_ms(1024, 65536) == pytest.approx(TRUE.request_ms(1024, 65536), rel=1e-6)
+
+
+def test_csv_without_the_latency_column_is_refused_with_the_expected_header(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text("chunk_tokens,history_tokens,ms\n256,0,1.0\n")
+    with pytest.raises(ValueError, match="latency_ms"):
+        load_surface(str(path))
+
+
+def test_engine_profile_json_gives_its_accepted_model(tmp_path):
+    profile = {
+        "schema_version": 1,
+        "fingerprint": {"model": "x"},
+        "base_chunk_size": 8192,
+        "coefficients": {"c0_ms": 5.0, "c1_ms": 0.04, "c2_ms": 1e-4, "c3_ms": 3e-6, "c4_ms": 2e-6, "mape": 0.01},
+        "target_ms": 1.0,
+        "samples": [[256, 0, 16.0]],
+    }
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    assert load_surface(str(path)).coefficients == pytest.approx(TRUE.coefficients)
+
+
+def test_profile_without_coefficients_falls_back_to_its_samples(tmp_path):
+    samples = [[c, h, ms] for c, h, ms in grid_points(TRUE)]
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps({"schema_version": 1, "coefficients": None, "samples": samples}))
+    assert load_surface(str(path)).request_ms(1024, 4096) == pytest.approx(TRUE.request_ms(1024, 4096))
+
+
+def test_committed_cpu_surface_loads_when_present():
+    path = ROOT / "tests" / "data" / "cpu_surface.csv"
+    if not path.exists():
+        pytest.skip("tests/data/cpu_surface.csv is produced by the latency-model work")
+    surface = load_surface(str(path))
+    # Attention makes later chunks dearer: the same chunk costs more after a long history.
+    assert surface.request_ms(2048, 32768) > surface.request_ms(2048, 0) > 0
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [("quadratic:1,2", "five ms coefficients"), ("nonexistent.csv", "no such file"), ("quadratic:1,2,3,4,-1", ">= 0")],
+)
+def test_bad_surface_specs_say_what_to_give(spec, message):
+    with pytest.raises(ValueError, match=message):
+        load_surface(spec)
+
+
+def test_stage_timer_splits_by_layer_share_and_reports_the_last_stage_for_profiling():
+    timer = StageTimer.build(TRUE, 4, layers=(10, 10, 10, 20))
+    chunks = (Chunk("r", 2048, 0, True, False),)
+    stage_ms = timer(chunks, 0)
+    assert sum(stage_ms) == pytest.approx(TRUE.request_ms(2048, 0))
+    assert stage_ms[3] == pytest.approx(2 * stage_ms[0])
+    assert timer.profile_stage_ms(2048, 0, 0) == pytest.approx(stage_ms)
+    with pytest.raises(ValueError, match="one per stage"):
+        StageTimer.build(TRUE, 4, layers=(10, 10))
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), index=st.integers(0, 10_000))
+def test_stage_noise_repeats_with_the_seed_and_averages_near_one(seed, index):
+    timer = StageTimer.build(TRUE, 2, noise_sigma=0.1, seed=seed)
+    chunks = (Chunk("r", 1024, 4096, True, False),)
+    assert timer(chunks, index) == timer(chunks, index)
+    plain = TRUE.request_ms(1024, 4096) / 2
+    assert all(0.5 * plain < ms < 2.0 * plain for ms in timer(chunks, index))
+
+
+def test_same_seed_same_mixed_workload_other_seed_other_workload():
+    a = mixed(SYNTHETIC, 4, seed=3, num_requests=12)
+    assert a == mixed(SYNTHETIC, 4, seed=3, num_requests=12)
+    assert a != mixed(SYNTHETIC, 4, seed=4, num_requests=12)
+    assert all(4096 <= r.prompt_tokens <= 65536 for r in a.requests)
+    assert [r.arrival_ms for r in a.requests] == sorted(r.arrival_ms for r in a.requests)
+
+
+def test_prefix_hits_share_exactly_their_group_prefix():
+    workload = mixed(SYNTHETIC, 4, seed=1, num_requests=30, prefix_hit_share=0.5)
+    by_group: dict[int, list] = {}
+    for spec in workload.requests:
+        by_group.setdefault(spec.prefix_group, []).append(spec)
+    shared = [group for group in by_group.values() if len(group) > 1]
+    assert shared, "a 50% hit share over 30 requests produces at least one shared prefix"
+    for founder, *hits in shared:
+        founder_ids = prompt_token_ids(founder, workload.seed)
+        for hit in hits:
+            hit_ids = prompt_token_ids(hit, workload.seed)
+            assert hit_ids[: hit.group_tokens] == founder_ids[: hit.group_tokens]
+            assert hit_ids[hit.group_tokens : hit.group_tokens + 64] != founder_ids[hit.group_tokens :][:64]
+
+
+def test_long_prompt_is_one_request_at_time_zero():
+    workload = long_prompt(131072)
+    assert workload.name == "long-128k"
+    assert [(r.arrival_ms, r.prompt_tokens) for r in workload.requests] == [(0.0, 131072)]

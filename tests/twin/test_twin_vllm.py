@@ -1,0 +1,129 @@
+"""The twin driving real schedulers: vLLM 0.23.0's fixed chunking, upstream's CPP, ours.
+
+Each tree runs in its own subprocess (both CPP schedulers import under the same name);
+the workloads are small so the whole module takes a few subprocess start-ups.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_ascend_patchset.twin import policies as pol
+from vllm_ascend_patchset.twin.pipeline import BatchRecord
+from vllm_ascend_patchset.twin.report import completeness_problems, figures_from_result
+from vllm_ascend_patchset.twin.surface import QuadraticSurface
+from vllm_ascend_patchset.twin.tune import tune
+from vllm_ascend_patchset.twin.workloads import long_prompt, mixed
+
+SURFACE = "quadratic:20,0.06,2e-5,4e-6,4e-6"
+COEFFS = QuadraticSurface(20, 0.06, 2e-5, 4e-6, 4e-6)
+CHUNK = 2048
+LONG = long_prompt(12 * 1024)
+MIXED = mixed(COEFFS, 2, seed=5, num_requests=8, min_prompt_tokens=1024, max_prompt_tokens=6144,
+              prefix_hit_share=0.5, min_output_tokens=2, max_output_tokens=10, load=0.8,
+              reference_chunk_tokens=CHUNK)  # fmt: skip
+
+
+def comparison() -> list[pol.Policy]:
+    policies = [pol.fixed(1024), pol.fixed(CHUNK), pol.upstream(CHUNK, min_chunk=512)]
+    if pol.ours_available():
+        policies.append(pol.ours(CHUNK))
+    return policies
+
+
+CASES = {
+    "long": pol.Setup(SURFACE, 2, LONG),
+    "long-noisy": pol.Setup(SURFACE, 2, LONG, seed=11, noise_sigma=0.1),
+    "long-noisy-again": pol.Setup(SURFACE, 2, LONG, seed=11, noise_sigma=0.1),
+    "mixed": pol.Setup(SURFACE, 2, MIXED, seed=5),
+}
+
+
+TUNE_SETUP = pol.Setup(SURFACE, 2, long_prompt(16 * 1024))
+
+
+@pytest.fixture(scope="module")
+def tuned():
+    return tune([TUNE_SETUP], "upstream", CHUNK, base_chunks=(1024, 4096), smooth_factors=(0.5, 1.0))
+
+
+def remeasure_policies(result) -> list[pol.Policy]:
+    """The default and the recommendation, under fresh names, as a user would run them next."""
+    default, best = (c.policy() for c in (result.default, result.best))
+    return [
+        pol.Policy("default-again", default.kind, default.max_num_batched_tokens, default.additional_config),
+        pol.Policy("recommended-again", best.kind, best.max_num_batched_tokens, best.additional_config),
+    ]
+
+
+@pytest.fixture(scope="module")
+def runs(tuned) -> dict[str, list[dict]]:
+    cases = [(setup, comparison()) for setup in CASES.values()]
+    cases.append((TUNE_SETUP, remeasure_policies(tuned)))
+    results = pol.run_cases(cases)
+    return dict(zip([*CASES, "tune-again"], results, strict=True))
+
+
+def test_every_policy_finishes_every_request_with_exact_token_counts(runs):
+    for case, results in runs.items():
+        if case not in CASES:
+            continue
+        for result in results:
+            assert "error" not in result, f"{case}/{result['policy']['name']}: {result.get('error')}"
+            figures = figures_from_result(result, CASES[case].num_stages)
+            assert figures.problems == ()
+            by_id = {r["req_id"]: r for r in result["requests"]}
+            for spec in CASES[case].workload.requests:
+                log = by_id[spec.req_id]
+                assert len(log["token_ms"]) == spec.max_output_tokens
+                assert log["cached_tokens"] + log["scheduled_tokens"] == spec.prompt_tokens + spec.max_output_tokens - 1
+
+
+def test_completeness_check_catches_a_missing_token():
+    from vllm_ascend_patchset.twin.pipeline import RequestLog
+
+    log = RequestLog("r", 0.0, prompt_tokens=100, max_output_tokens=3, scheduled_tokens=101, token_ms=[1.0, 2.0])
+    assert len(completeness_problems([log])) == 3
+
+
+def test_same_seed_gives_the_same_figures(runs):
+    for first, again in zip(runs["long-noisy"], runs["long-noisy-again"], strict=True):
+        assert figures_from_result(first, 2) == figures_from_result(again, 2)
+    noisy = figures_from_result(runs["long-noisy"][1], 2)
+    plain = figures_from_result(runs["long"][1], 2)
+    assert noisy.ttft_mean_ms != plain.ttft_mean_ms  # the noise is really applied
+
+
+def test_fixed_policy_is_vllms_fixed_chunking_and_matches_the_closed_form(runs):
+    """One prompt, equal chunks: stage 0 never waits, so TTFT = sum(t_k)/P + (P-1) t_last/P."""
+    result = runs["long"][1]
+    records = [BatchRecord.from_json(b) for b in result["batches"] if b["chunks"]]
+    chunks = [c.chunk_tokens for r in records for c in r.chunks]
+    assert chunks == [CHUNK] * (LONG.requests[0].prompt_tokens // CHUNK)
+    times = [COEFFS.request_ms(CHUNK, i * CHUNK) for i in range(len(chunks))]
+    expected = sum(times) / 2 + times[-1] / 2
+    assert figures_from_result(result, 2).ttft_mean_ms == pytest.approx(expected)
+
+
+def test_upstream_cpp_profiles_at_start_up_and_then_varies_its_chunks(runs):
+    result = runs["long"][2]
+    assert result["scheduler"] == "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
+    assert len(result["profile_calls"]) == 65  # upstream's warm-up plus 64 sizes
+    chunks = [c["chunk_tokens"] for b in result["batches"] for c in b["chunks"]]
+    assert sum(chunks) == LONG.requests[0].prompt_tokens
+    assert len(set(chunks)) > 1
+
+
+def test_mixed_traffic_hits_the_prefix_cache_and_runs_decodes_next_to_prefills(runs):
+    result = runs["mixed"][1]
+    assert sum(r["cached_tokens"] for r in result["requests"]) > 0
+    mixed_batches = [b for b in result["batches"] if {c["is_prefill"] for c in b["chunks"]} == {True, False}]
+    assert mixed_batches
+    assert figures_from_result(result, 2).tpot_mean_ms > 0
+
+
+def test_tune_never_recommends_a_setting_measured_worse_than_the_default(tuned, runs):
+    assert tuned.score(tuned.best) <= 1.0
+    # Measured again in a fresh run, as a user would after taking the recommendation.
+    default_ttft, best_ttft = (figures_from_result(r, 2).ttft_mean_ms for r in runs["tune-again"])
+    assert best_ttft <= default_ttft
+    assert default_ttft == pytest.approx(tuned.ttft_ms[tuned.default.name][0])

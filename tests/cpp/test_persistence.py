@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
+from vllm_ascend.core import profiling_chunk_predictor
 from vllm_ascend.core.profiling_chunk_predictor import (
     PROFILE_SCHEMA_VERSION,
     LatencyModel,
@@ -15,7 +17,24 @@ from vllm_ascend.core.profiling_chunk_predictor import (
 )
 
 TRUE = LatencyModel(c0_ms=5.0, c1_ms=0.02, c2_ms=0.001, c3_ms=1e-6, c4_ms=2e-6)
-LOGGER = "vllm_ascend.core.profiling_chunk_predictor"
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def warnings_logged():
+    """Warnings of the module's logger, whichever logger it is (vLLM's does not propagate)."""
+    handler = _Records()
+    profiling_chunk_predictor.logger.addHandler(handler)
+    yield handler.records
+    profiling_chunk_predictor.logger.removeHandler(handler)
 
 
 def fingerprint(**overrides):
@@ -63,14 +82,14 @@ def fitted_manager(**overrides):
     return mgr
 
 
-def test_no_predictor_until_a_fit_is_accepted(caplog):
+def test_no_predictor_until_a_fit_is_accepted(warnings_logged):
     mgr = manager()
     assert mgr.predictor is None
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert not mgr.fit_profile([(1024, 0, 10.0)] * 20)
+    assert not mgr.fit_profile([(1024, 0, 10.0)] * 20)
     assert mgr.predictor is None
     assert "distinct" in mgr.last_error
-    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    assert len(warnings_logged) == 1
+    assert "distinct" in warnings_logged[0].getMessage()
 
 
 def test_start_up_fit_drops_the_warm_up_run_and_sets_the_target():
@@ -114,24 +133,22 @@ def test_save_and_load_round_trip(tmp_path):
     ],
     ids=["truncated", "not-an-object", "other-schema", "other-fingerprint", "negative-coefficient", "missing-key"],
 )
-def test_a_bad_cached_profile_is_ignored_with_one_warning(tmp_path, caplog, mutate, reason):
+def test_a_bad_cached_profile_is_ignored_with_one_warning(tmp_path, warnings_logged, mutate, reason):
     path = tmp_path / "profile.json"
     fitted_manager().save(path)
     path.write_text(mutate(path.read_text()))
     fresh = manager()
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert not fresh.load_cached(path)
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert not fresh.load_cached(path)
+    warnings = warnings_logged
     assert len(warnings) == 1
     assert "ignoring cached profile" in warnings[0].getMessage()
-    assert pytest.importorskip("re").search(reason, warnings[0].getMessage())
+    assert re.search(reason, warnings[0].getMessage())
     assert fresh.predictor is None
 
 
-def test_a_missing_cache_file_is_quietly_absent(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert not manager().load_cached(tmp_path / "nothing.json")
-    assert not caplog.records
+def test_a_missing_cache_file_is_quietly_absent(tmp_path, warnings_logged):
+    assert not manager().load_cached(tmp_path / "nothing.json")
+    assert not warnings_logged
 
 
 def test_another_base_chunk_does_not_reuse_the_profile(tmp_path):
@@ -160,6 +177,21 @@ def test_online_calibration_learns_the_history_terms():
     for chunk, history in [(2048, 100_000), (8192, 50_000)]:
         assert mgr.model.time_ms(chunk, history) == pytest.approx(TRUE.time_ms(chunk, history), rel=0.03)
     assert mgr.target_ms == pytest.approx(TRUE.time_ms(8192, 0), rel=0.01)
+
+
+def test_online_steps_with_a_cost_the_profile_never_saw_are_learned_from_the_window():
+    mgr = fitted_manager()
+    batches = history_batches(TRUE, 64, seed=4)
+    for pairs, ms in batches:  # every real step also pays 30 ms (sampling, scheduling, ...)
+        mgr.record_batch(pairs, ms + 30.0)
+    assert mgr.window_mape(mgr.model) < 0.03
+    assert mgr.target_ms == pytest.approx(TRUE.time_ms(8192, 0) + 30.0, rel=0.05)
+
+
+def test_without_an_accepted_profile_the_window_never_sets_a_model():
+    mgr = manager()
+    assert not any(mgr.record_batch(pairs, ms) for pairs, ms in history_batches(TRUE, 64))
+    assert mgr.predictor is None and len(mgr.window) == 64
 
 
 def test_the_window_is_bounded():

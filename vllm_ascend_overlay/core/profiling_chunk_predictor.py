@@ -31,7 +31,8 @@ columns); then points whose relative residual is both > 10% and > 5 robust sigma
 dropped (at most a quarter of them) and the fit is repeated once, so one wild sample
 cannot move the model. While no sample has history, c2 = 0 and c4 = 2*c3 are imposed
 (the start-up form). A fit is accepted only with >= 8 distinct points, finite
-coefficients, c3 + c4 > 0 and MAPE <= 15% on its points; otherwise ``FitError`` says
+coefficients, c3 + c4 > 0 (the quadratic terms at least 1e-4 of some sample's time,
+not rounding noise) and MAPE <= 15% on its points; otherwise ``FitError`` says
 which rule failed.
 
 The chunk rule (``ChunkSizePredictor.next_chunk``)
@@ -81,11 +82,13 @@ Budget API for a scheduler (per step, in ms)
   then keeps fixed chunking).
 - ``record_batch(pairs, measured_ms) -> bool``: a timed step as its (chunk_tokens,
   history_tokens) pairs (or its 5-term feature vector) into a window of the last
-  ``window_size`` (64) steps; every ``refit_every`` (8) records the model is refitted on
-  the profile samples plus the window with the same guards and adopted only if it
-  predicts the window better (lower MAPE) than the current model and keeps the target
-  within 25%; True when a new model was adopted. The profile samples anchor H = 0, so a
-  handful of small batches never moves the target (upstream defect 4).
+  ``window_size`` (64) steps; every ``refit_every`` (8) records the accepted model is
+  refitted, with the same guards, on the profile samples plus the window and on the
+  window alone; the candidate that predicts the window best is adopted only if it beats
+  the current model there (lower MAPE) and keeps the target within 25%. True when a new
+  model was adopted. Without an accepted model nothing is adopted (the window alone
+  never sets a target), and the profile samples anchor H = 0, so a handful of small
+  batches never moves the target (upstream defect 4).
 - ``save(path)`` / ``load_cached(path) -> bool``: JSON with schema version, fingerprint,
   coefficients, target, base chunk and samples. A missing file returns False quietly;
   a corrupt file, another schema or another fingerprint returns False with one warning.
@@ -106,10 +109,8 @@ from pathlib import Path
 
 import numpy as np
 
-try:  # vLLM's logger when running inside vLLM; the standard one when tested alone.
-    from vllm.logger import init_logger
-
-    logger = init_logger(__name__)
+try:  # vLLM's logger (its handlers and format) inside vLLM; a plain one when used alone.
+    from vllm.logger import logger
 except ImportError:  # pragma: no cover - depends on the environment
     logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ __all__ = [
 PROFILE_SCHEMA_VERSION = 1
 MIN_FIT_POINTS = 8
 MAX_FIT_MAPE = 0.15
+MIN_QUADRATIC_SHARE = 1e-4  # c3*C^2 + c4*C*H must be at least this share of some sample's time
 OUTLIER_MIN_RELATIVE_ERROR = 0.10
 OUTLIER_ROBUST_SIGMAS = 5.0
 OUTLIER_MAX_FRACTION = 0.25
@@ -151,12 +153,16 @@ def batch_features(pairs: Iterable[tuple[int, int]]) -> np.ndarray:
 def _nnls_small(design: np.ndarray, target: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares for a handful of scaled columns.
 
-    Tries every set of free columns on the normal equations (at most 31 solves of
-    <= 5x5 systems) and keeps the cheapest feasible one.
+    If the unconstrained optimum is non-negative it is the answer; otherwise every set of
+    free columns is tried on the normal equations (at most 31 solves of <= 5x5 systems)
+    and the cheapest feasible one kept.
     """
     gram = design.T @ design
     moment = design.T @ target
     num_cols = design.shape[1]
+    unconstrained, *_ = np.linalg.lstsq(design, target, rcond=None)
+    if np.all(unconstrained >= 0) and np.all(np.isfinite(unconstrained)):
+        return unconstrained  # the least-squares optimum is feasible, so it is the NNLS optimum
     best_coef = np.zeros(num_cols)
     best_cost = 0.0  # cost relative to target @ target; all-zero coefficients cost 0
     for size in range(1, num_cols + 1):
@@ -274,10 +280,12 @@ class LatencyModel:
             relative = (features @ coef - latencies) / latencies
         if not np.all(np.isfinite(coef)):
             raise FitError(f"non-finite coefficients {coef.tolist()}")
-        if coef[3] + coef[4] <= 0:
+        quadratic_share = float(np.max((features[:, 3] * coef[3] + features[:, 4] * coef[4]) / latencies))
+        if not quadratic_share >= MIN_QUADRATIC_SHARE:
             raise FitError(
-                "no quadratic term: the best non-negative fit has c3 + c4 = 0 "
-                "(latency does not grow faster than linearly with chunk and history)"
+                f"no quadratic term: the best non-negative fit has c3 + c4 = {coef[3] + coef[4]:.3g}, under "
+                f"{MIN_QUADRATIC_SHARE:.0e} of any sample's time (latency does not grow faster than linearly "
+                "with chunk and history)"
             )
         mape = float(np.mean(np.abs(relative)))
         if not mape <= MAX_FIT_MAPE:
@@ -534,6 +542,8 @@ class ProfilingChunkManager:
         self.warmup_samples = int(warmup_samples)
         self.max_target_shift = float(max_target_shift)
         self.profile_samples: list[tuple[int, int, float]] = []
+        self._profile_rows: np.ndarray | None = None  # features of profile_samples, built on first refit
+        self._profile_ms: np.ndarray | None = None
         self.window: deque[tuple[np.ndarray, float]] = deque(maxlen=int(window_size))
         self.last_error: str | None = None
         self._predictor: ChunkSizePredictor | None = None
@@ -570,6 +580,7 @@ class ProfilingChunkManager:
             logger.warning("[ProfilingChunk] start-up profile rejected (%s); keeping fixed chunking", error)
             return False
         self.profile_samples = kept
+        self._profile_rows = None
         self._adopt(model)
         self.last_error = None
         logger.info(
@@ -603,29 +614,45 @@ class ProfilingChunkManager:
         return float(np.mean(np.abs(model.features_time_ms(rows) - measured) / measured))
 
     def _refit(self) -> bool:
-        rows = [row for row, _ in self.window]
-        latencies = [ms for _, ms in self.window]
-        for c, h, t in self.profile_samples:
-            rows.append(np.array([1.0, c, h, float(c) * c, float(c) * h]))
-            latencies.append(t)
-        try:
-            candidate = LatencyModel.fit_features(np.array(rows), latencies)
-        except FitError as error:
-            logger.debug("[ProfilingChunk] online refit rejected: %s", error)
-            return False
         current = self.model
-        if current is not None:
-            if self.window_mape(candidate) >= self.window_mape(current):
-                return False
-            old_target = self._predictor.target_ms
+        if current is None:  # nothing to refine: the window alone never sets a target
+            return False
+        window_rows = np.array([row for row, _ in self.window])
+        window_ms = np.array([ms for _, ms in self.window])
+        if self._profile_rows is None:
+            self._profile_rows = np.array([[1.0, c, h, float(c) * c, float(c) * h] for c, h, _ in self.profile_samples])
+            self._profile_ms = np.array([ms for _, _, ms in self.profile_samples])
+        # The profile anchors H = 0; the window alone covers the case where the two disagree
+        # (e.g. online steps carry costs the profile runs do not).
+        candidates = []
+        if len(self._profile_rows):
+            candidates.append(
+                (np.vstack([window_rows, self._profile_rows]), np.concatenate([window_ms, self._profile_ms]))
+            )
+        candidates.append((window_rows, window_ms))
+        best, best_mape = current, self.window_mape(current)
+        old_target = self._predictor.target_ms
+        for rows, latencies in candidates:
+            try:
+                candidate = LatencyModel.fit_features(rows, latencies)
+            except FitError as error:
+                logger.debug("[ProfilingChunk] online refit rejected: %s", error)
+                continue
             new_target = candidate.time_ms(self.base_chunk_size, 0)
             if abs(new_target / old_target - 1.0) > self.max_target_shift:
                 logger.debug(
                     "[ProfilingChunk] online refit would move the target %.2f -> %.2f ms", old_target, new_target
                 )
-                return False
-        self._adopt(candidate)
-        logger.debug("[ProfilingChunk] online refit adopted: c=%s", candidate.coefficients)
+                continue
+            candidate_mape = self.window_mape(candidate)
+            if candidate_mape < best_mape:
+                best, best_mape = candidate, candidate_mape
+        if best is current:
+            return False
+        self._adopt(best)
+        logger.debug(
+            "[ProfilingChunk] online refit adopted: c=%s, window MAPE %.1f%%", best.coefficients, 100 * best_mape
+        )
         return True
 
     # ---------------------------------------------------------------- persistence
@@ -668,6 +695,7 @@ class ProfilingChunkManager:
             logger.warning("[ProfilingChunk] ignoring cached profile %s: %s", path, error)
             return False
         self.profile_samples = samples
+        self._profile_rows = None
         self._adopt(model)
         logger.info("[ProfilingChunk] loaded cached profile %s (target %.2f ms)", path, self._predictor.target_ms)
         return True

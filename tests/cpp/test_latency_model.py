@@ -165,3 +165,27 @@ def test_fit_on_batches_of_several_requests():
     fitted = LatencyModel.fit_features(np.array(rows), latency_ms)
     for chunk, history in [(4096, 0), (1024, 60_000)]:
         assert fitted.time_ms(chunk, history) == pytest.approx(TRUE.time_ms(chunk, history), rel=0.02)
+
+
+def test_module_works_without_vllm_torch_or_torch_npu():
+    import subprocess
+    import sys
+
+    from vllm_ascend.core import profiling_chunk_predictor
+
+    script = (
+        "import importlib.util, sys\n"
+        "for name in ('vllm', 'torch', 'torch_npu', 'vllm_ascend'):\n"
+        "    sys.modules[name] = None  # any import of them fails\n"
+        f"spec = importlib.util.spec_from_file_location('alone', {profiling_chunk_predictor.__file__!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "sys.modules['alone'] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "chunks = [512 * i for i in range(1, 11)]\n"
+        "model = module.LatencyModel.fit(chunks, [0] * 10, [1 + 0.01 * c + 1e-5 * c * c for c in chunks])\n"
+        "print(module.ChunkSizePredictor(model, base_chunk_size=4096, page_size=128, max_model_len=10**6,\n"
+        "      max_num_scheduled_tokens=4096).next_chunk(0, 10**5))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "4096"

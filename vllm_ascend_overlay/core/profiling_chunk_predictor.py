@@ -3,9 +3,9 @@
 With pipeline parallelism every stage should take the same time per chunk; a fixed
 chunk size takes longer and longer as a prompt's history grows (attention reads every
 earlier token), and the differences become pipeline bubbles. CPP sizes each chunk so
-that its predicted time equals one target. This module is the model and the rule;
-it is pure Python + numpy, with no vLLM, torch or torch_npu import, and no I/O
-outside ``ProfilingChunkManager``.
+that its predicted time equals one target. This module is the model and the rule:
+pure Python + numpy, needing neither vLLM (whose logger it uses when present) nor
+torch nor torch_npu, with no I/O outside ``ProfilingChunkManager``.
 
 The latency model
 -----------------
@@ -26,8 +26,8 @@ seed's forms are special cases:
 Fit (``LatencyModel.fit`` / ``fit_features``): repeats of one feature vector are
 reduced to their median; the columns are scaled to unit maximum (well conditioned for
 C, H up to 1e6); the fit minimises the relative error (rows weighted by 1/latency)
-with every coefficient >= 0 (exact NNLS by enumerating the active sets of at most five
-columns); then points whose relative residual is both > 10% and > 5 robust sigmas are
+with every coefficient >= 0 (exact NNLS: the least-squares optimum when it is
+non-negative, else the best of the active sets of at most five columns); then points whose relative residual is both > 10% and > 5 robust sigmas are
 dropped (at most a quarter of them) and the fit is repeated once, so one wild sample
 cannot move the model. While no sample has history, c2 = 0 and c4 = 2*c3 are imposed
 (the start-up form). A fit is accepted only with >= 8 distinct points, finite

@@ -134,7 +134,9 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
 
     Called at the end of ``AscendConfig.__init__``, when every other feature flag is known.
     """
-    additional = getattr(vllm_config, "additional_config", None) or {}
+    additional = getattr(vllm_config, "additional_config", None)
+    if not isinstance(additional, dict):  # None, or a stand-in config object in other features' tests
+        additional = {}
     config = DualStreamConfig.from_dict(additional.get(CONFIG_KEY))
     if not config.enabled:
         return config

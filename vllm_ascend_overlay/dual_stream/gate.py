@@ -66,7 +66,7 @@ def decide(
     cumulative = getattr(reference, "actual_seq_lengths_q", None)
     if cumulative is None or len(cumulative) < 2:
         return GateDecision(None, "fewer than two requests")
-    for metadata in attn_metadata.values():
+    for metadata in {id(m): m for m in attn_metadata.values()}.values():  # layers of a KV group share one
         if _state_name(metadata) in SINGLE_STREAM_STATES:
             return GateDecision(None, f"{_state_name(metadata)} batch")
         field = required_defaults_violated(metadata)

@@ -13,7 +13,9 @@ name; it imports only math, numpy and ``vllm.logger``.
    prompt; every chunk's time is taken from a reference model fitted on the whole
    surface (the best estimate of the truth we have; past the measured history it
    extrapolates), reported as max/min and coefficient of variation.
-3. Cost of one ``next_chunk`` (ours) or ``predict`` (upstream) call in microseconds.
+3. With ``--measure-prompt N``: the same chunkings of an N-token prompt run on the CPU
+   model of scripts/measure_cpu_surface.py, every chunk timed (the real spread).
+4. Cost of one ``next_chunk`` (ours) or ``predict`` (upstream) call in microseconds.
 
     .venv/bin/python scripts/bench/predictor.py [--csv tests/data/cpu_surface.csv]
 """
@@ -98,6 +100,38 @@ def spread_row(name, pairs, reference):
     )
 
 
+def measure_chunkings(chunkings, prompt_tokens: int) -> None:
+    """Time every chunk of each chunking on the surface's CPU model (thread CPU time, one thread)."""
+    import torch
+    from measure_cpu_surface import CLOCKS, TinyQwen3, TinyQwen3Shape, time_point_ms
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    shape = TinyQwen3Shape()
+    model = TinyQwen3(shape).eval()
+    kv_caches = [
+        tuple(torch.randn(shape.num_kv_heads, prompt_tokens, shape.head_dim) for _ in range(2))
+        for _ in range(shape.num_layers)
+    ]
+    generator = torch.Generator().manual_seed(0)
+    print(f"\n{prompt_tokens}-token prefill run on the CPU model; measured chunk times, last chunk apart")
+    print(
+        f"{'chunking':<38} {'chunks':>6} {'min ms':>9} {'max ms':>9} {'max/min':>8} {'CV':>8} "
+        f"{'last ms':>9} {'total s':>9}"
+    )
+    with torch.inference_mode():
+        time_point_ms(model, 256, 0, kv_caches, generator, CLOCKS["thread"])  # warm-up
+        for name, next_chunk in chunkings:
+            pairs = chunk_prompt(next_chunk, prompt_tokens)
+            times = [time_point_ms(model, c, h, kv_caches, generator, CLOCKS["thread"]) for c, h in pairs]
+            body = times[:-1] if len(times) > 1 else times
+            print(
+                f"{name:<38} {len(pairs):>6} {min(body):>9.1f} {max(body):>9.1f} {max(body) / min(body):>8.2f} "
+                f"{100 * statistics.pstdev(body) / statistics.mean(body):>7.1f}% {times[-1]:>9.1f} "
+                f"{sum(times) / 1000:>9.2f}"
+            )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=ROOT / "tests/data/cpu_surface.csv")
@@ -107,6 +141,13 @@ def main(argv=None) -> int:
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[32_768, 131_072])
     parser.add_argument("--smooth-factor", type=float, default=1.0)
     parser.add_argument("--min-chunk", type=int, default=256, help="floor for ours and upstream's predictors")
+    parser.add_argument(
+        "--measure-prompt",
+        type=int,
+        default=0,
+        help="also run each chunking of a prompt of this many tokens on the CPU model and time every chunk "
+        "(about a minute for 32768 tokens; 0: off)",
+    )
     args = parser.parse_args(argv)
 
     ours, upstream = load_ours(), load_upstream()
@@ -193,6 +234,9 @@ def main(argv=None) -> int:
         )
         for name, next_chunk in chunkings:
             print(spread_row(name, chunk_prompt(next_chunk, prompt_tokens), reference))
+
+    if args.measure_prompt:
+        measure_chunkings(chunkings, args.measure_prompt)
 
     histories = list(range(0, longest_prompt, 997))
     calls = len(histories)

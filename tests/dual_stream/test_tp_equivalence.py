@@ -88,7 +88,7 @@ def _runs(results, **match):
 
 def test_all_scenarios_ran_on_both_ranks(tp_runs):
     print("rank timings (s):", [(round(r["setup_s"], 1), round(r["total_s"], 1)) for r in tp_runs])
-    assert [len(r["runs"]) for r in tp_runs] == [24, 24]
+    assert [len(r["runs"]) for r in tp_runs] == [27, 27]
     assert not any(run["reference_took_dual"] for run in _runs(tp_runs))
 
 
@@ -96,7 +96,7 @@ def test_all_scenarios_ran_on_both_ranks(tp_runs):
 @pytest.mark.parametrize("strategy", ["half_batch", "token_balanced"])
 @pytest.mark.parametrize("backend", ["sequential", "gloo_async", "deferred"])
 def test_dual_stream_output_and_kv_cache_equal_single_stream(tp_runs, scenario, strategy, backend):
-    runs = _runs(tp_runs, scenario=scenario, strategy=strategy, backend=backend, mutated=False, length_threshold=2)
+    runs = _runs(tp_runs, scenario=scenario, strategy=strategy, backend=backend, mutated="", length_threshold=2)
     assert len(runs) == WORLD
     for run in runs:
         assert run["took_dual"], run["reason"]
@@ -106,7 +106,7 @@ def test_dual_stream_output_and_kv_cache_equal_single_stream(tp_runs, scenario, 
 
 
 def test_batches_the_gate_rejects_run_single_stream_and_equal(tp_runs):
-    decode_only = _runs(tp_runs, scenario="decode_only", mutated=False)
+    decode_only = _runs(tp_runs, scenario="decode_only", mutated="")
     refused = [run for run in _runs(tp_runs, length_threshold=40) if run["scenario"] != "decode_only"]
     assert decode_only and refused
     for run in decode_only:
@@ -117,9 +117,11 @@ def test_batches_the_gate_rejects_run_single_stream_and_equal(tp_runs):
         assert run["max_out_diff"] == 0.0 and run["max_cache_diff"] == 0.0
 
 
-def test_removing_the_cross_layer_wait_is_caught(tp_runs):
-    """With all-reduces run only when waited on, attention must wait for the previous MLP's."""
-    mutated = _runs(tp_runs, mutated=True, scenario="mixed_with_history")
+@pytest.mark.parametrize("wait", ["wait_for_previous_layer", "wait_for_attention_reduce"])
+def test_removing_a_wait_of_the_schedule_is_caught(tp_runs, wait):
+    """With all-reduces run only when waited on, attention must wait for the previous layer's MLP
+    all-reduce, and the MLP for its layer's attention all-reduce: drop either and the answer changes."""
+    mutated = _runs(tp_runs, mutated=wait, scenario="mixed_with_history")
     assert len(mutated) == WORLD
     for run in mutated:
         assert run["took_dual"]

@@ -68,7 +68,9 @@ class ReferenceAttention(nn.Module):
     def forward(self, query, key, value):
         from vllm.forward_context import get_forward_context
 
-        m = get_forward_context().attn_metadata[self.layer_name]
+        ctx = get_forward_context()
+        m = ctx.attn_metadata[self.layer_name]
+        assert torch.equal(ctx.slot_mapping[self.layer_name], m.slot_mapping), "forward-context slot mapping"
         num_tokens = query.shape[0]
         query_lens = self.check_contract(m, num_tokens)
         heads, kv_heads, dim = self.num_heads, self.num_kv_heads, self.head_size
@@ -196,7 +198,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         history = [torch.randn(kv_shape, generator=torch.Generator().manual_seed(100 + i)) for i in range(2)]
         vocab = model.config.vocab_size
 
-        def run(requests, state, config, backend, mutate=False, lenient=False):
+        def run(requests, state, config, backend, mutate="", lenient=False):
             metadata, positions = build_batch(requests, BLOCK_SIZE, NUM_BLOCKS, seed=3, state=state)
             input_ids = torch.randint(0, vocab, (positions.shape[0],), generator=torch.Generator().manual_seed(9))
             for attn, cache in zip(attention, history, strict=True):
@@ -208,11 +210,15 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
             model.dual_stream_strict = not lenient
             before = model.dual_stream_batches
             patch = contextlib.nullcontext()
-            if mutate:
-                patch = _patched(schedule, "wait_for_previous_layer", lambda *a, **k: None)
+            if mutate:  # the name of the schedule's wait to remove
+                patch = _patched(schedule, mutate, lambda *a, **k: None)
             with (
                 set_current_vllm_config(vllm_config),
-                set_forward_context({a.layer_name: metadata for a in attention}, vllm_config),
+                set_forward_context(
+                    {a.layer_name: metadata for a in attention},
+                    vllm_config,
+                    slot_mapping={a.layer_name: metadata.slot_mapping for a in attention},
+                ),
                 patch,
                 torch.no_grad(),
             ):
@@ -227,12 +233,13 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         for name, (requests, state) in scenarios().items():
             ref_out, ref_cache, ref_dual = run(requests, state, DualStreamConfig(), None)
             cases = [
-                (strategy, backend, False, DualStreamConfig(True, strategy, 1.0, 2))
+                (strategy, backend, "", DualStreamConfig(True, strategy, 1.0, 2))
                 for strategy in ("half_batch", "token_balanced")
                 for backend in backends
             ]
-            cases.append(("token_balanced", "sequential", False, DualStreamConfig(True, "token_balanced", 1.0, 40)))
-            cases.append(("half_batch", "deferred", True, DualStreamConfig(True, "half_batch", 1.0, 2)))
+            cases.append(("token_balanced", "sequential", "", DualStreamConfig(True, "token_balanced", 1.0, 40)))
+            for mutation in ("wait_for_previous_layer", "wait_for_attention_reduce"):
+                cases.append(("half_batch", "deferred", mutation, DualStreamConfig(True, "half_batch", 1.0, 2)))
             for strategy, backend_name, mutate, config in cases:
                 out, cache, took_dual = run(requests, state, config, backends[backend_name](), mutate)
                 results["runs"].append(

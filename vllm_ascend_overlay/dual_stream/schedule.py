@@ -52,6 +52,11 @@ def wait_for_previous_layer(backend: StreamBackend, layer_index: int, micro_batc
         backend.wait((EventKind.FFN_AR_FINISH, layer_index - 1, micro_batch))
 
 
+def wait_for_attention_reduce(backend: StreamBackend, layer_index: int, micro_batch: int) -> None:
+    """The MLP of a layer reads the layer's reduced attention output."""
+    backend.wait((EventKind.ATTN_AR_FINISH, layer_index, micro_batch))
+
+
 def _reduce_on_comm_stream(
     backend: StreamBackend,
     partial: torch.Tensor,
@@ -92,7 +97,7 @@ def run_layers(
                 backend, partial, EventKind.ATTN_COM_FINISH, EventKind.ATTN_AR_FINISH, layer_index, i
             )
         for i, mb in enumerate(micro_batches):
-            backend.wait((EventKind.ATTN_AR_FINISH, layer_index, i))
+            wait_for_attention_reduce(backend, layer_index, i)
             partial, mb.residual = ops.mlp_partial(layer, mb.hidden_states, mb.residual)
             mb.hidden_states = _reduce_on_comm_stream(
                 backend, partial, EventKind.FFN_COM_FINISH, EventKind.FFN_AR_FINISH, layer_index, i

@@ -39,11 +39,12 @@ def plot_case(
     import matplotlib.pyplot as plt
     from matplotlib import cm, colors
 
-    runs = []
+    found = {}
     for result in results:
         label = _label(result, rows, chunk_tokens)
-        if label and "error" not in result and label not in [r[0] for r in runs]:
-            runs.append((label, [BatchRecord.from_json(b) for b in result["batches"] if b["stage_end_ms"]]))
+        if label and "error" not in result and label not in found:
+            found[label] = [BatchRecord.from_json(b) for b in result["batches"] if b["stage_end_ms"]]
+    runs = [(f.name, found[f.name]) for f in rows if f.name in found]
     if not runs:
         return []
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -52,28 +53,27 @@ def plot_case(
     norm = colors.Normalize(0, max_history)
     cmap = matplotlib.colormaps["viridis"]
 
-    fig, axes = plt.subplots(len(runs), 1, figsize=(12, 1.0 + 0.55 * setup.num_stages * len(runs)), squeeze=False)
-    horizon = 0.0
-    for _, records in runs:
-        shown = records[:MAX_GANTT_BATCHES]
-        horizon = max(horizon, max(r.stage_end_ms[-1] for r in shown))
+    # One time window for every policy: the first MAX_GANTT_BATCHES batches of the first row.
+    horizon_ms = max(r.stage_end_ms[-1] for r in runs[0][1][:MAX_GANTT_BATCHES])
+    fig, axes = plt.subplots(
+        len(runs),
+        1,
+        figsize=(12, 1.2 + 0.6 * setup.num_stages * len(runs)),
+        squeeze=False,
+        gridspec_kw={"hspace": 0.45},
+    )
     for ax, (label, records) in zip(axes[:, 0], runs, strict=True):
-        shown = records[:MAX_GANTT_BATCHES]
-        for record in shown:
-            prefill = [c for c in record.chunks if c.is_prefill]
-            history = prefill[0].history_tokens if prefill else max_history
-            for stage in range(setup.num_stages):
+        shown = [r for r in records if r.stage_start_ms[0] < horizon_ms]
+        label_chunks = len(shown) <= 40
+        for stage in range(setup.num_stages):
+            spans, faces = [], []
+            for record in shown:
+                prefill = [c for c in record.chunks if c.is_prefill]
+                history = prefill[0].history_tokens if prefill else max_history
                 start, end = record.stage_start_ms[stage], record.stage_end_ms[stage]
-                ax.barh(
-                    stage,
-                    (end - start) / 1000,
-                    left=start / 1000,
-                    height=0.8,
-                    color=cmap(norm(history)),
-                    edgecolor="black",
-                    linewidth=0.4,
-                )
-                if len(shown) <= 40 and stage == 0 and prefill:
+                spans.append((start / 1000, (end - start) / 1000))
+                faces.append(cmap(norm(history)))
+                if label_chunks and stage == 0 and prefill:
                     ax.text(
                         (start + end) / 2000,
                         stage,
@@ -83,11 +83,14 @@ def plot_case(
                         fontsize=6,
                         color="white",
                     )
+            ax.broken_barh(spans, (stage - 0.4, 0.8), facecolors=faces, edgecolor="black", linewidth=0.3)
         ax.set_yticks(range(setup.num_stages), [f"stage {s}" for s in range(setup.num_stages)])
         ax.invert_yaxis()
-        ax.set_xlim(0, horizon / 1000 * 1.02)
+        ax.set_xlim(0, horizon_ms / 1000 * 1.02)
         ax.set_title(label, fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel("time (s); bar colour = history at the chunk's start; white = idle")
+    axes[-1, 0].set_xlabel(
+        "time (s); colour = history at the batch's first prefill chunk (decode-only: top colour); white = idle"
+    )
     fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=axes[:, 0], label="history tokens", fraction=0.02)
     fig.suptitle(f"{case}: pipeline stages over time")
     gantt = out_dir / f"gantt-{case}.png"

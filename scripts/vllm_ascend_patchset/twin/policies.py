@@ -30,7 +30,7 @@ SCRIPTS_DIR = Path(__file__).resolve().parents[2]
 ROOT = SCRIPTS_DIR.parent
 OUR_SCHEDULER = ROOT / "vllm_ascend_overlay" / "core" / "scheduler_profiling_chunk.py"
 
-FIXED_SWEEP_TOKENS = (1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+FIXED_SWEEP_TOKENS = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
 
 
 @dataclass(frozen=True)

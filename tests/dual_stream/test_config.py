@@ -121,6 +121,16 @@ def test_mlp_weight_prefetch():
     assert "Either set it to false or disable dual_stream_config." in message
 
 
+def test_lora():
+    ascend, vllm_config = deployment({"enabled": True})
+    vllm_config.lora_config = SimpleNamespace(max_loras=1)
+    with pytest.raises(ValueError) as info:
+        validate_dual_stream_config(ascend, vllm_config)
+    message = str(info.value)
+    assert "cannot be combined with LoRA (--enable-lora): LoRA layers map tokens to adapters" in message
+    assert "Either serve without --enable-lora or disable dual_stream_config." in message
+
+
 def test_conflicts_do_not_matter_when_off():
     assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
 

@@ -22,9 +22,10 @@ naming the key and the fix. Features that replace the row-parallel all-reduce pa
 (flashcomm1 / sequence parallelism, matmul-allreduce, flashcomm2, fine-grained MLP or
 o_proj TP) take the all-reduce away from the point where dual stream moves it to the
 communication stream, so they cannot be combined with it; neither can pipeline
-parallelism (the dual-stream forward runs the whole layer stack in one stage) nor MLP
+parallelism (the dual-stream forward runs the whole layer stack in one stage), MLP
 weight prefetch (it advances a per-layer counter once per layer call, and dual stream
-calls each layer once per micro-batch). With TP = 1 there is no all-reduce to hide:
+calls each layer once per micro-batch) nor LoRA (its token-to-adapter mapping covers the
+whole batch). With TP = 1 there is no all-reduce to hide:
 one warning, and the feature stays inert.
 """
 
@@ -147,6 +148,14 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
             f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
         )
     conflicts = _conflicts(ascend_config)
+    if getattr(vllm_config, "lora_config", None) is not None:
+        conflicts.append(
+            (
+                "LoRA (--enable-lora)",
+                "LoRA layers map tokens to adapters for the whole batch, not per micro-batch",
+                "serve without --enable-lora",
+            )
+        )
     if conflicts:
         setting, why, fix = conflicts[0]
         raise ValueError(

@@ -110,8 +110,8 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
     def _supports_dual_stream(self) -> bool:
-        if get_pp_group().world_size > 1:
-            logger.warning("%s: pipeline parallelism is on; dual stream stays off.", CONFIG_KEY)
+        if get_pp_group().world_size > 1 or self.vllm_config.lora_config is not None:
+            logger.warning("%s: pipeline parallelism or LoRA is on; dual stream stays off.", CONFIG_KEY)
             return False
         for module in _row_parallel_layers(self._local_layers()):
             if getattr(module, "custom_op", None) is not None or not hasattr(module, "reduce_results"):
@@ -150,10 +150,11 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             ctx = get_forward_context()
         except AssertionError:
             return None
+        capturing = getattr(ctx, "capturing", False) or (getattr(ctx, "additional_kwargs", None) or {}).get(
+            "capturing", False
+        )  # vllm-ascend's model runner v1 / v2
         eager = (
-            ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE
-            and not getattr(ctx, "capturing", False)
-            and not torch.compiler.is_compiling()
+            ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE and not capturing and not torch.compiler.is_compiling()
         )
         decision = decide(
             self.dual_stream_config,

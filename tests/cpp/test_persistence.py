@@ -243,6 +243,17 @@ def test_feature_vectors_and_bad_times_in_record_batch():
     assert len(mgr.window) == 1
 
 
+def test_malformed_input_degrades_with_one_warning_never_a_crash(warnings_logged):
+    mgr = fitted_manager()
+    assert not mgr.record_batch([("a lot", 0)], 30.0)
+    assert not mgr.record_batch([(1024,)], 30.0)
+    assert not mgr.record_batch([(1024, 0)], "slow")
+    assert len(warnings_logged) == 1 and len(mgr.window) == 0
+    fresh = manager()
+    assert not fresh.fit_profile([(1024, 0, "n/a")] * 20)
+    assert fresh.predictor is None and len(warnings_logged) == 2
+
+
 def test_bad_manager_config_names_the_key():
     with pytest.raises(ValueError, match="smooth_factor"):
         manager(smooth_factor=2.0)

@@ -27,8 +27,9 @@ Fit (``LatencyModel.fit`` / ``fit_features``): repeats of one feature vector are
 reduced to their median; the columns are scaled to unit maximum (well conditioned for
 C, H up to 1e6); the fit minimises the relative error (rows weighted by 1/latency)
 with every coefficient >= 0 (exact NNLS: the least-squares optimum when it is
-non-negative, else the best of the active sets of at most five columns); then points whose relative residual is both > 10% and > 5 robust sigmas are
-dropped (at most a quarter of them) and the fit is repeated once, so one wild sample
+non-negative, else the best of the active sets of at most five columns); then points
+whose relative residual is both > 10% and > 5 robust sigmas are dropped (at most a
+quarter of them) and the fit is repeated once, so one wild sample
 cannot move the model. While no sample has history, c2 = 0 and c4 = 2*c3 are imposed
 (the start-up form). A fit is accepted only with >= 8 distinct points, finite
 coefficients, c3 + c4 > 0 (the quadratic terms at least 1e-4 of some sample's time,
@@ -548,6 +549,7 @@ class ProfilingChunkManager:
         self.last_error: str | None = None
         self._predictor: ChunkSizePredictor | None = None
         self._records_since_fit = 0
+        self._warned_bad_record = False
 
     # ---------------------------------------------------------------- state
     @property
@@ -569,13 +571,13 @@ class ProfilingChunkManager:
     # ---------------------------------------------------------------- start-up profile
     def fit_profile(self, samples: Sequence[Sequence[float]]) -> bool:
         """Fit (chunk_tokens, history_tokens, latency_ms) samples in measurement order; True if accepted."""
-        kept = [(int(c), int(h), float(t)) for c, h, t in samples][self.warmup_samples :]
         try:
+            kept = [(int(c), int(h), float(t)) for c, h, t in samples][self.warmup_samples :]
             if not kept:
                 raise FitError("no samples left after dropping warm-up")
             chunks, histories, latencies = zip(*kept, strict=True)
             model = LatencyModel.fit(chunks, histories, latencies)
-        except FitError as error:
+        except (ValueError, TypeError) as error:  # FitError, or samples that are not number triples
             self.last_error = str(error)
             logger.warning("[ProfilingChunk] start-up profile rejected (%s); keeping fixed chunking", error)
             return False
@@ -595,11 +597,18 @@ class ProfilingChunkManager:
     # ---------------------------------------------------------------- online calibration
     def record_batch(self, features, measured_ms: float) -> bool:
         """Record one timed step; refit every ``refit_every`` records. True if a new model was adopted."""
-        if isinstance(features, np.ndarray) and features.shape == (NUM_FEATURES,):
-            row = features.astype(np.float64)
-        else:
-            row = batch_features(features)
-        if not (math.isfinite(measured_ms) and measured_ms > 0) or not row[1] > 0:
+        try:
+            if isinstance(features, np.ndarray) and features.shape == (NUM_FEATURES,):
+                row = features.astype(np.float64)
+            else:
+                row = batch_features(features)
+            measured_ms = float(measured_ms)
+        except (ValueError, TypeError) as error:
+            if not self._warned_bad_record:
+                self._warned_bad_record = True
+                logger.warning("[ProfilingChunk] ignoring a timed step that is not (chunk, history) pairs: %s", error)
+            return False
+        if not (math.isfinite(measured_ms) and measured_ms > 0) or not row[1] > 0 or not np.all(np.isfinite(row)):
             return False
         self.window.append((row, float(measured_ms)))
         self._records_since_fit += 1

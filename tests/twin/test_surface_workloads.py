@@ -71,6 +71,10 @@ def test_engine_profile_json_gives_its_accepted_model(tmp_path):
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile))
     assert load_surface(str(path)).coefficients == pytest.approx(TRUE.coefficients)
+    # Taken at PP 4, each sample is one stage's time: the whole model costs four times as much.
+    profile["fingerprint"]["pipeline_parallel_size"] = 4
+    path.write_text(json.dumps(profile))
+    assert load_surface(str(path)).coefficients == pytest.approx(tuple(4 * c for c in TRUE.coefficients))
 
 
 def test_profile_without_coefficients_falls_back_to_its_samples(tmp_path):
@@ -146,3 +150,25 @@ def test_long_prompt_is_one_request_at_time_zero():
     workload = long_prompt(131072)
     assert workload.name == "long-128k"
     assert [(r.arrival_ms, r.prompt_tokens) for r in workload.requests] == [(0.0, 131072)]
+
+
+def test_a_profile_saved_by_our_engine_code_loads_as_its_model(tmp_path):
+    """Round trip through the real persistence code (core/profiling_chunk_predictor.py)."""
+    predictor = pytest.importorskip("vllm_ascend.core.profiling_chunk_predictor")
+    if not hasattr(predictor, "PROFILE_SCHEMA_VERSION"):
+        pytest.skip("the assembled tree does not carry our latency model yet")
+    manager = predictor.ProfilingChunkManager(
+        base_chunk_size=2048,
+        page_size=128,
+        max_model_len=65536,
+        max_num_scheduled_tokens=2048,
+        fingerprint={"pipeline_parallel_size": 2},
+        warmup_samples=0,
+    )
+    stage = QuadraticSurface(*(c / 2 for c in TRUE.coefficients))
+    samples = [(c, h, stage.request_ms(c, h)) for c in range(256, 2049, 128) for h in (0, 8192)]
+    assert manager.fit_profile(samples)
+    path = tmp_path / "profile.json"
+    manager.save(path)
+    surface = load_surface(str(path))
+    assert surface.request_ms(1024, 4096) == pytest.approx(TRUE.request_ms(1024, 4096), rel=0.02)

@@ -199,22 +199,31 @@ def _points_from_profile(data: dict[str, Any]) -> list[tuple[int, int, float]]:
     return points
 
 
-def _model_from_profile(data: dict[str, Any], name: str) -> QuadraticSurface | None:
+def _model_from_profile(data: dict[str, Any], name: str, scale: float) -> QuadraticSurface | None:
     """The model the engine accepted, if the profile carries coefficients c0_ms..c4_ms."""
     coefficients = data.get("coefficients")
     if not isinstance(coefficients, dict):
         return None
     try:
-        values = [float(coefficients[f"c{i}_ms"]) for i in range(5)]
+        values = [float(coefficients[f"c{i}_ms"]) * scale for i in range(5)]
     except (KeyError, TypeError, ValueError):
         return None
     return QuadraticSurface(*values, name=name)
 
 
+def _profile_stages(data: dict[str, Any]) -> int:
+    """PP size the profile was taken at: its samples are one stage's time, the whole model is that many."""
+    fingerprint = data.get("fingerprint")
+    stages = fingerprint.get("pipeline_parallel_size", 1) if isinstance(fingerprint, dict) else 1
+    return stages if isinstance(stages, int) and stages >= 1 else 1
+
+
 def load_surface(spec: str) -> Surface:
     """A surface from ``--surface``: ``synthetic``, ``quadratic:C0,C1,C2,C3,C4`` (ms coefficients of
     1, C, H, C^2, C*H), a ``.csv`` of measurements, or a profile ``.json`` saved by the engine
-    (its accepted coefficients; its samples if it has no coefficients)."""
+    (its accepted coefficients; its samples if it has no coefficients). A profile holds one
+    pipeline stage's time (the slowest worker's), so it is scaled by the PP size in its
+    fingerprint to the whole model's time, which the twin then splits over its P stages."""
     if spec in ("", "synthetic"):
         return SYNTHETIC
     if spec.startswith("quadratic:"):
@@ -239,10 +248,12 @@ def load_surface(spec: str) -> Surface:
         raise ValueError(f"--surface {spec}: not a JSON profile ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--surface {spec}: a profile is a JSON object")
-    model = _model_from_profile(data, f"{path.name} (engine model)")
+    stages = _profile_stages(data)
+    label = f"{path.name} (engine model x PP {stages})" if stages > 1 else f"{path.name} (engine model)"
+    model = _model_from_profile(data, label, float(stages))
     if model is not None:
         return model
-    points = _points_from_profile(data)
+    points = [(c, h, ms * stages) for c, h, ms in _points_from_profile(data)]
     if len(points) >= 5:
         return GridSurface.from_points(points, name=path.name)
     raise ValueError(

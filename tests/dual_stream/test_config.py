@@ -131,6 +131,16 @@ def test_lora():
     assert "Either serve without --enable-lora or disable dual_stream_config." in message
 
 
+def test_kv_transfer_connector():
+    ascend, vllm_config = deployment({"enabled": True})
+    vllm_config.kv_transfer_config = SimpleNamespace(kv_role="kv_producer")
+    with pytest.raises(ValueError) as info:
+        validate_dual_stream_config(ascend, vllm_config)
+    message = str(info.value)
+    assert "cannot be combined with a KV transfer connector (--kv-transfer-config): connectors load and save" in message
+    assert "Either serve without --kv-transfer-config or disable dual_stream_config." in message
+
+
 def test_conflicts_do_not_matter_when_off():
     assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
 

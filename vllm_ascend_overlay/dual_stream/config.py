@@ -24,8 +24,8 @@ o_proj TP) take the all-reduce away from the point where dual stream moves it to
 communication stream, so they cannot be combined with it; neither can pipeline
 parallelism (the dual-stream forward runs the whole layer stack in one stage), MLP
 weight prefetch (it advances a per-layer counter once per layer call, and dual stream
-calls each layer once per micro-batch) nor LoRA (its token-to-adapter mapping covers the
-whole batch). With TP = 1 there is no all-reduce to hide:
+calls each layer once per micro-batch), LoRA (its token-to-adapter mapping covers the
+whole batch) nor a KV transfer connector (it loads and saves KV once per attention call). With TP = 1 there is no all-reduce to hide:
 one warning, and the feature stays inert.
 """
 
@@ -148,6 +148,15 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
             f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
         )
     conflicts = _conflicts(ascend_config)
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        conflicts.append(
+            (
+                "a KV transfer connector (--kv-transfer-config)",
+                "connectors load and save KV once per attention call of a layer, and dual stream calls each "
+                "layer's attention once per micro-batch",
+                "serve without --kv-transfer-config",
+            )
+        )
     if getattr(vllm_config, "lora_config", None) is not None:
         conflicts.append(
             (

@@ -25,8 +25,9 @@ communication stream, so they cannot be combined with it; neither can pipeline
 parallelism (the dual-stream forward runs the whole layer stack in one stage), MLP
 weight prefetch (it advances a per-layer counter once per layer call, and dual stream
 calls each layer once per micro-batch), LoRA (its token-to-adapter mapping covers the
-whole batch) nor a KV transfer connector (it loads and saves KV once per attention call). With TP = 1 there is no all-reduce to hide:
-one warning, and the feature stays inert.
+whole batch) nor a KV transfer connector (it loads and saves KV once per attention
+call). With TP = 1 there is no all-reduce to hide: one warning, and the feature stays
+inert.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """``additional_config["dual_stream_config"]``: parsing and start-up validation.
 
-Keys and defaults (see the user guide in the README for the switch itself):
+Switch: ``vllm serve ... --additional-config '{"dual_stream_config": {"enabled": true}}'``.
+Keys and defaults:
 
 - ``enabled`` (False): the feature is off unless asked for.
 - ``split_strategy`` ("token_balanced"): where the batch is cut. ``half_batch`` cuts at
@@ -10,12 +11,12 @@ Keys and defaults (see the user guide in the README for the switch itself):
 - ``balance_threshold`` (1.0): ``token_balanced`` refuses a split whose halves differ by
   more than this fraction of the shorter one, ``|len1 - len2| / min(len1, len2)``. 1.0
   (the larger half at most twice the smaller) is the value of the Qwen3-dense
-  implementation behind the seed's measured -6.3 % mean TTFT; a lopsided split hides
-  little communication and pays the micro-batching overhead in full.
+  implementation the seed describes (vllm-ascend PR #1699, never merged); a lopsided
+  split hides little communication and pays the micro-batching overhead in full.
 - ``length_threshold`` (128 tokens): both strategies refuse a split that leaves a
   micro-batch shorter than this. Below ~128 tokens the all-reduce of a micro-batch is
   latency-bound and its matmuls lose efficiency, so splitting costs more than it hides
-  (128 is again the seed implementation's value; upstream's MoE multistream used 256).
+  (128 is again PR #1699's value; upstream's MoE multistream used 256).
 
 Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``ValueError``
 naming the key and the fix. Features that replace the row-parallel all-reduce path

@@ -161,6 +161,8 @@ def summarize_case(
         if "error" in result:
             notes.append(f"{result['policy']['name']}: FAILED {result['error']}")
             continue
+        if result.get("start_up"):
+            notes.append(f"{result['policy']['name']}: {result['start_up']}")
         figures = figures_from_result(result, num_stages)
         kind = result["policy"]["kind"]
         if kind == "fixed":

@@ -101,6 +101,7 @@ class PolicyRunner:
             "start_up_cpu_s": setup_s,
             "cpu_s": time.perf_counter() - started,
             "scheduler": f"{scheduler_cls.__module__}.{scheduler_cls.__qualname__}",
+            "start_up": describe_start_up(kind, scheduler, executor),
         }
 
     def _scheduler_class(self, kind: str) -> type:
@@ -129,6 +130,19 @@ class PolicyRunner:
         elif kind == "ours":
             start_ours(scheduler, executor, self.tree)
         return time.perf_counter() - started
+
+
+def describe_start_up(kind: str, scheduler: Any, executor: Any) -> str:
+    """One line on what start-up profiling gave the scheduler (fixed chunking has none)."""
+    if kind == "fixed":
+        return ""
+    runs = len(executor.profile_calls)
+    if kind == "upstream":
+        ready = bool(getattr(getattr(scheduler, "profiling_chunk_manager", None), "is_ready", False))
+        return f"{runs} profiling runs; " + ("latency model ready" if ready else "NO latency model: fixed chunking")
+    source = getattr(scheduler, "cpp_source", None)
+    outcome = f"latency model from {source}" if source else "NO latency model: fixed chunking"
+    return f"{runs} profiling runs; {outcome}"
 
 
 def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:

@@ -7,7 +7,10 @@ Public entry points:
   ``vllm_ascend.patch.platform`` (NPU-only) is not imported.
 - ``make_vllm_config(model_dir, ...)``: a ``VllmConfig`` for a tiny local model.
 - ``make_scheduler(scheduler_cls=None, ...)``: a scheduler over a one-group KV cache.
+- ``profiling_chunk_scheduler_class()``: our CPP scheduler class from the assembled tree.
 - ``make_request(...)``, ``model_output(...)``, ``run_to_completion(...)``.
+
+Importing this module imports vLLM (a few seconds), with the NPU stubs set aside.
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ def load_balance_module(tree: Path | None = None):
     sys.modules[BALANCE_MODULE] = module
     spec.loader.exec_module(module)
     return module
+
+
+def profiling_chunk_scheduler_class() -> type:
+    """Our ProfilingChunkScheduler, importable once upstream's BalanceScheduler module is loaded."""
+    load_balance_module()
+    from vllm_ascend.core.scheduler_profiling_chunk import ProfilingChunkScheduler
+
+    return ProfilingChunkScheduler
 
 
 TINY_MODEL_CONFIG = {
@@ -264,11 +275,13 @@ def run_to_completion(
     *,
     max_steps: int = 2000,
     on_step: Callable[[Any, Any], dict] | None = None,
+    generated: dict[str, int] | None = None,
 ) -> list:
     """Drive ``schedule()``/``update_from_output()`` until every request finished.
 
     ``arrivals`` holds (step, request) pairs; ``on_step(scheduler, scheduler_output)``
-    may return extra attributes for the model output (e.g. measured timing).
+    may return extra attributes for the model output (e.g. measured timing);
+    ``generated`` (if given) receives each request's number of generated tokens.
     Returns the list of SchedulerOutputs.
     """
     pending = sorted(arrivals, key=lambda item: item[0])
@@ -279,9 +292,18 @@ def run_to_completion(
             scheduler.add_request(pending.pop(0)[1])
         scheduler_output = scheduler.schedule()
         extra = on_step(scheduler, scheduler_output) if on_step else {}
-        scheduler.update_from_output(scheduler_output, model_output(scheduler, scheduler_output, **extra))
+        engine_outputs = scheduler.update_from_output(
+            scheduler_output, model_output(scheduler, scheduler_output, **extra)
+        )
+        if generated is not None:
+            for client_outputs in engine_outputs.values():
+                for output in client_outputs.outputs:
+                    generated[output.request_id] = generated.get(output.request_id, 0) + len(output.new_token_ids)
         outputs.append(scheduler_output)
         step += 1
         if step > max_steps:
             raise AssertionError(f"requests still unfinished after {max_steps} steps")
     return outputs
+
+
+import_vllm()

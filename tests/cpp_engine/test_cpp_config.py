@@ -6,6 +6,7 @@ import sys
 import types
 from types import SimpleNamespace
 
+import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 import pytest
 from vllm_ascend.core import cpp_config
 from vllm_ascend.core.cpp_config import CppConfigError, parse_cpp_config
@@ -128,7 +129,6 @@ def test_select_installs_our_scheduler(monkeypatch):
 
 def test_ascend_config_runs_the_check(tmp_path):
     """The 0201 patch: AscendConfig refuses a bad profiling_chunk_config at start-up."""
-    import helpers
 
     helpers.import_vllm()
     from vllm_ascend.ascend_config import AscendConfig

@@ -15,11 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import conftest
+import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 import pytest
 import record_schedule
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
 
 
 def _pristine_root() -> Path:
@@ -33,7 +34,7 @@ def _pristine_root() -> Path:
 def pristine_records(tmp_path_factory) -> dict:
     model_dir = tmp_path_factory.mktemp("tiny-model")
     env = dict(os.environ, VLLM_PLUGINS="", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(conftest.ROOT / "tests"), str(HERE)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(HERE)])
     proc = subprocess.run(
         [sys.executable, str(HERE / "record_schedule.py"), str(_pristine_root()), str(model_dir)],
         capture_output=True,
@@ -47,10 +48,12 @@ def pristine_records(tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def patched_module():
-    import helpers
+    import vllm_ascend
 
     module = helpers.load_balance_module()
-    assert Path(module.__file__).resolve().is_relative_to(conftest.ASSEMBLED.resolve())
+    assembled = Path(vllm_ascend.__file__).resolve().parents[1]
+    assert assembled.parent == ROOT / "build"
+    assert Path(module.__file__).resolve().is_relative_to(assembled)
     assert "ScheduleHooks" in [c.__name__ for c in module.BalanceScheduler.__mro__]
     return module
 

@@ -1,0 +1,298 @@
+"""ProfilingChunkScheduler on a real vLLM 0.23.0 scheduler, profiled through a fake executor.
+
+The fake executor answers ``collective_rpc("profile_prefill_latency", (C, H))`` from a
+known latency surface per pipeline stage, so what the scheduler does can be checked
+against what the surface says.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from unittest import mock
+
+import helpers
+import pytest
+from vllm_ascend.core import cpp_profiling
+
+ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
+
+BASE_CHUNK = 512
+BLOCK_SIZE = 16
+TAIL_TOLERANCE = 0.15
+
+
+@dataclass
+class Surface:
+    """t(C, H) = c0 + c1*C + c2*H + c3*C^2 + c4*C*H ms: one pipeline stage."""
+
+    c0: float = 2.0
+    c1: float = 0.02
+    c2: float = 1e-4
+    c3: float = 1e-5
+    c4: float = 1.5e-5
+
+    def ms(self, chunk_tokens: float, history_tokens: float) -> float:
+        return (
+            self.c0
+            + self.c1 * chunk_tokens
+            + self.c2 * history_tokens
+            + self.c3 * chunk_tokens**2
+            + self.c4 * chunk_tokens * history_tokens
+        )
+
+    def batch_ms(self, pairs) -> float:
+        return self.c0 + sum(self.ms(c, h) - self.c0 for c, h in pairs)
+
+
+STAGE_0 = Surface()
+STAGE_1 = Surface(c0=2.2, c1=0.022, c2=1.1e-4, c3=1.1e-5, c4=1.65e-5)  # the slower stage sets the pace
+
+
+@dataclass
+class FakeExecutor:
+    stages: tuple = (STAGE_0, STAGE_1)
+    fail_after: int | None = None
+    calls: list = field(default_factory=list)
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert method == "profile_prefill_latency"
+        self.calls.append(args)
+        if self.fail_after is not None and len(self.calls) > self.fail_after:
+            raise RuntimeError("worker 1 failed: NPU out of memory")
+        chunk_tokens, history_tokens = args
+        return [stage.ms(chunk_tokens, history_tokens) for stage in self.stages for _tp_rank in range(2)]
+
+
+def cpp_scheduler(tmp_path, executor=None, *, cache_dir=None, model_dir=None, num_blocks=1024, **cpp):
+    """A profiled CPP scheduler; the model folder is part of the profile's fingerprint."""
+    if model_dir is None:
+        model_dir = cache_dir.parent / "model" if cache_dir is not None else tmp_path / "model"
+    settings = {
+        "enabled": True,
+        "cache_dir": str(cache_dir or tmp_path / "cache"),
+        "min_chunk": 64,
+        "profile_points": 16,
+        "profile_repeats": 2,
+        "profile_history_points": 6,
+        "tail_tolerance": TAIL_TOLERANCE,
+        **cpp,
+    }
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler,
+        model_dir=model_dir,
+        num_blocks=num_blocks,
+        max_num_batched_tokens=BASE_CHUNK,
+        max_num_seqs=16,
+        max_model_len=8192,
+        block_size=BLOCK_SIZE,
+        additional_config={"profiling_chunk_config": settings},
+    )
+    scheduler.run_profiling_chunk_init(executor if executor is not None else FakeExecutor())
+    return scheduler
+
+
+def request(rid, prompt_tokens, max_tokens, *, start=1):
+    return helpers.make_request(rid, list(range(start, start + prompt_tokens)), max_tokens=max_tokens)
+
+
+def timing_from(surface):
+    def on_step(scheduler, scheduler_output):
+        if scheduler_output.cpp_time_step:
+            return {"execution_time_ms": surface.batch_ms(scheduler_output.cpp_batch.pairs)}
+        return {}
+
+    return on_step
+
+
+def batch_pairs(scheduler_output, history_of):
+    """(chunk_tokens, history_tokens) of every request of a SchedulerOutput, from the output alone."""
+    pairs = {}
+    for new in scheduler_output.scheduled_new_reqs:
+        pairs[new.req_id] = (scheduler_output.num_scheduled_tokens[new.req_id], new.num_computed_tokens)
+    cached = scheduler_output.scheduled_cached_reqs
+    for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+        pairs[req_id] = (scheduler_output.num_scheduled_tokens[req_id], computed)
+    history_of.update({rid: h for rid, (_, h) in pairs.items()})
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("cpp")
+    executor = FakeExecutor()
+    scheduler = cpp_scheduler(tmp_path, executor)
+    return tmp_path, executor, scheduler
+
+
+def test_profile_uses_the_slowest_stage_and_measures_history(profiled):
+    _, executor, scheduler = profiled
+    model = scheduler.profiling_chunk_manager.model
+    assert model is not None and scheduler.uses_schedule_hooks
+    assert scheduler.profiling_chunk_manager.target_ms == pytest.approx(STAGE_1.ms(BASE_CHUNK, 0), rel=0.02)
+    histories = sorted({h for _, h in executor.calls})
+    assert len(histories) == 7 and histories[0] == 0 and histories[-1] > 4 * BASE_CHUNK
+    assert executor.calls[0] == executor.calls[1] == (BASE_CHUNK, 0)  # warm-up runs, dropped
+    for chunk_tokens, history_tokens in [(64, 7000), (256, 3000), (512, 0)]:
+        assert model.time_ms(chunk_tokens, history_tokens) == pytest.approx(
+            STAGE_1.ms(chunk_tokens, history_tokens), rel=0.03
+        )
+    assert scheduler.cpp_source.startswith("profiled")
+
+
+def test_chunks_shrink_with_history_as_predicted(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    predictor = scheduler.profiling_chunk_manager.predictor
+    outputs = helpers.run_to_completion(scheduler, [(0, request("long", 6000, 1))])
+    chunks = [out.num_scheduled_tokens["long"] for out in outputs if "long" in out.num_scheduled_tokens]
+    assert sum(chunks) == 6000
+    # A fresh prompt starts with (nearly) a base chunk: exactly one, up to the predictor's
+    # rounding of its own target (it may floor 511.99999 to the aligned 448).
+    assert chunks[0] >= BASE_CHUNK - predictor.align
+    history_tokens = 0
+    for chunk in chunks:
+        assert chunk == predictor.next_chunk(history_tokens, 6000 - history_tokens)
+        history_tokens += chunk
+    assert all(later <= earlier for earlier, later in zip(chunks[:-2], chunks[1:-1], strict=True))
+    assert chunks[-2] < BASE_CHUNK / 3
+
+
+def test_batches_stay_within_target_decodes_run_every_step_and_all_finish(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    predictor = scheduler.profiling_chunk_manager.predictor
+    shared = list(range(1, 2049))
+    arrivals = [(0, request(f"chat-{i}", 40 + 10 * i, 60, start=5000 + 100 * i)) for i in range(4)]
+    arrivals += [
+        (3, helpers.make_request("long-a", shared + list(range(3000, 5000)), max_tokens=3)),
+        (5, request("long-b", 3000, 2, start=9000)),
+        (40, helpers.make_request("prefix-hit", shared + list(range(7000, 7600)), max_tokens=4)),
+    ]
+    expected = {r.request_id: r.max_tokens for _, r in arrivals}
+    generated: dict[str, int] = {}
+    history_of: dict[str, int] = {}
+    outputs = helpers.run_to_completion(scheduler, arrivals, on_step=timing_from(STAGE_1), generated=generated)
+    assert generated == expected
+    for out in outputs:
+        pairs = batch_pairs(out, history_of)
+        if pairs:
+            assert predictor.batch_time_ms(pairs.values()) <= predictor.target_ms * (1 + TAIL_TOLERANCE) + 1e-9
+    # Decodes of the chat requests are in every batch while the long prompts prefill.
+    long_steps = [
+        out for out in outputs if "long-a" in out.num_scheduled_tokens and out.num_scheduled_tokens["long-a"] > 1
+    ]
+    assert len(long_steps) >= 4
+    for out in long_steps:
+        decoding = [rid for rid in scheduler_running_chats(out)]
+        assert decoding, "no decode ran next to a prefill chunk"
+
+
+def scheduler_running_chats(scheduler_output):
+    return [rid for rid, n in scheduler_output.num_scheduled_tokens.items() if rid.startswith("chat-") and n == 1]
+
+
+def test_prefix_cache_hit_is_charged_its_true_history(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    predictor = scheduler.profiling_chunk_manager.predictor
+    shared = list(range(1, 4097))
+    helpers.run_to_completion(scheduler, [(0, helpers.make_request("first", shared + [9], max_tokens=1))])
+    hit = helpers.make_request("hit", shared + list(range(5000, 5500)), max_tokens=1)
+    scheduler.add_request(hit)
+    out = scheduler.schedule()
+    (new,) = out.scheduled_new_reqs
+    history_tokens = new.num_computed_tokens
+    assert history_tokens == 4096  # the shared blocks came from the prefix cache
+    chunk = out.num_scheduled_tokens["hit"]
+    remaining_tokens = 4096 + 500 - history_tokens
+    assert chunk == predictor.next_chunk(history_tokens, remaining_tokens)
+    assert chunk < 500 == predictor.next_chunk(0, 500)  # charged at H=0 it would have taken all 500
+    assert predictor.time_ms(chunk, history_tokens) <= predictor.target_ms * (1 + TAIL_TOLERANCE)
+
+
+def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
+    """A waiting request the budget cannot take stops admission: a smaller one behind it waits too."""
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    predictor = scheduler.profiling_chunk_manager.predictor
+    left_ms = (predictor.request_ms(40, 0) + predictor.request_ms(predictor.align, 0)) / 2
+    original = ProfilingChunkScheduler.schedule_step_starts
+
+    def step_with_little_time_left(self, token_budget):
+        token_budget = original(self, token_budget)
+        self._step_reserved_ms["elsewhere"] = predictor.target_ms - left_ms  # e.g. decodes already planned
+        self._step_used_ms = predictor.target_ms - left_ms
+        return token_budget
+
+    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_with_little_time_left)
+    scheduler.add_request(request("w1", 300, 1, start=8000))
+    scheduler.add_request(request("w2", 40, 1, start=9000))
+    first = scheduler.schedule()
+    assert predictor.max_chunk_within(0, left_ms, 40) == 40  # w2 alone would fit what is left
+    assert first.num_scheduled_tokens == {}  # but w1 is first in line and does not fit
+    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", original)
+    assert list(scheduler.schedule().num_scheduled_tokens) == ["w1", "w2"]  # in arrival order
+
+
+def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, profiled):
+    cache_dir = profiled[0] / "cache"
+    executor = FakeExecutor()
+    scheduler = cpp_scheduler(tmp_path, executor, cache_dir=cache_dir)
+    assert executor.calls == []
+    assert scheduler.cpp_source.startswith("cache ")
+    assert scheduler.profiling_chunk_manager.model == profiled[2].profiling_chunk_manager.model
+
+
+def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
+    cache_dir = tmp_path / "cache"
+    (cache_file,) = list((profiled[0] / "cache").glob("*.json"))
+    cache_dir.mkdir()
+    (cache_dir / cache_file.name).write_text('{"schema_version": 1, "coefficients": {"c0_ms": ')
+    executor = FakeExecutor()
+    scheduler = cpp_scheduler(tmp_path, executor, cache_dir=cache_dir, model_dir=profiled[0] / "model")
+    assert len(executor.calls) > 16 and scheduler.cpp_source.startswith("profiled")
+    assert json.loads((cache_dir / cache_file.name).read_text())["coefficients"]["c3_ms"] > 0
+
+
+def test_worker_failure_leaves_fixed_chunks_and_every_request_finishes(tmp_path):
+    executor = FakeExecutor(fail_after=5)
+    with mock.patch.object(cpp_profiling, "logger") as log:
+        scheduler = cpp_scheduler(tmp_path, executor)
+    assert log.warning.call_count == 1
+    assert (
+        "RuntimeError: worker 1 failed: NPU out of memory"
+        in log.warning.call_args.args[0] % log.warning.call_args.args[1:]
+    )
+    assert scheduler.profiling_chunk_manager.predictor is None and not scheduler.uses_schedule_hooks
+    generated: dict[str, int] = {}
+    arrivals = [(0, request("long", 2000, 2)), (1, request("short", 100, 3, start=3000))]
+    outputs = helpers.run_to_completion(scheduler, arrivals, generated=generated)
+    assert generated == {"long": 2, "short": 3}
+    long_chunks = [out.num_scheduled_tokens["long"] for out in outputs if out.num_scheduled_tokens.get("long", 0) > 1]
+    assert long_chunks[:3] == [BASE_CHUNK] * 3  # fixed chunks at the token budget
+    assert not any(out.cpp_time_step for out in outputs)
+
+
+def test_fit_rejected_leaves_fixed_chunks(tmp_path):
+    flat = Surface(c0=5.0, c1=0.0, c2=0.0, c3=0.0, c4=0.0)  # no growth at all: the model refuses it
+    scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(flat,)))
+    assert scheduler.profiling_chunk_manager.predictor is None and scheduler.cpp_source is None
+
+
+def test_timing_is_sampled_once_calibrated(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", max_fit_chunk=8, timing_every=4)
+    arrivals = [(i, request(f"r{i}", 1500, 20, start=1 + 2000 * i)) for i in range(6)]
+    with mock.patch.object(scheduler.profiling_chunk_manager, "record_batch", return_value=False) as record:
+        outputs = helpers.run_to_completion(scheduler, arrivals, on_step=timing_from(STAGE_1))
+    prefill_steps = [out for out in outputs if any(n > 1 for n in out.num_scheduled_tokens.values())]
+    decode_only = [out for out in outputs if out.num_scheduled_tokens and out not in prefill_steps]
+    assert decode_only and not any(out.cpp_time_step for out in decode_only)
+    timed = [out.cpp_time_step for out in prefill_steps]
+    assert timed[:8] == [True] * 8
+    assert sum(timed[8:]) == len([i for i in range(9, len(timed) + 1) if i % 4 == 0])
+    assert record.call_count == sum(timed)
+    pairs, measured_ms = record.call_args.args
+    assert measured_ms == pytest.approx(STAGE_1.batch_ms(pairs))
+
+
+def test_timing_off_when_need_timing_is_false(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", need_timing=False)
+    outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1500, 2))])
+    assert not any(out.cpp_time_step for out in outputs)

@@ -6,6 +6,7 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+from vllm_ascend.dual_stream import config as config_module
 from vllm_ascend.dual_stream.config import (
     DEFAULT_BALANCE_THRESHOLD,
     DEFAULT_LENGTH_THRESHOLD_TOKENS,
@@ -145,9 +146,11 @@ def test_conflicts_do_not_matter_when_off():
     assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
 
 
-def test_tp1_warns_once_and_stays_valid(caplog):
+def test_tp1_warns_once_and_stays_valid(caplog, monkeypatch):
+    monkeypatch.setattr(config_module, "_warned_tp1", False)
     with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):
         config = validate({"enabled": True}, tp=1)
+        validate({"enabled": True}, tp=1)  # AscendConfig built again: no second warning
     assert config.enabled
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "tensor_parallel_size is 1" in warnings[0].getMessage()

@@ -45,6 +45,7 @@ logger = logging.getLogger(__name__)
 CONFIG_KEY = "dual_stream_config"
 DEFAULT_BALANCE_THRESHOLD = 1.0
 DEFAULT_LENGTH_THRESHOLD_TOKENS = 128
+_warned_tp1 = False
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,9 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
         raise ValueError(
             f"{CONFIG_KEY}.enabled cannot be combined with {setting}: {why}. " f"Either {fix} or disable {CONFIG_KEY}."
         )
-    if parallel.tensor_parallel_size <= 1:
+    global _warned_tp1
+    if parallel.tensor_parallel_size <= 1 and not _warned_tp1:
+        _warned_tp1 = True  # AscendConfig is built more than once per process
         logger.warning(
             "%s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
             "dual stream stays inert.",

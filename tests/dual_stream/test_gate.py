@@ -9,7 +9,7 @@ import torch
 from vllm_ascend.dual_stream.config import DualStreamConfig
 from vllm_ascend.dual_stream.gate import decide
 
-from dual_stream.batches import FakeAttentionState, Request, build_batch
+from dual_stream.batches import FakeAscendMetadata, FakeAttentionState, Request, build_batch
 
 ON = DualStreamConfig(True, "token_balanced", 1.0, 8)
 MIXED = [Request(7, 1), Request(12, 1), Request(16, 20), Request(0, 13), Request(3, 9)]
@@ -74,6 +74,17 @@ def test_metadata_of_features_the_splitter_does_not_cut_keeps_single_stream(fiel
     metadata, tokens = _batch()
     decision = decide(ON, {"l0": dataclasses.replace(metadata, **{field: value})}, tokens, 2, True)
     assert decision.reason == f"metadata field {field} in use"
+
+
+def test_metadata_with_fields_the_splitter_does_not_know_keeps_single_stream():
+    @dataclasses.dataclass
+    class ContextParallelMetadata(FakeAscendMetadata):
+        pcp_allgather_restore_idx: list | None = None
+
+    metadata, tokens = _batch()
+    extended = ContextParallelMetadata(**{f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)})
+    decision = decide(ON, {"l0": extended}, tokens, 2, True)
+    assert decision.reason == "ContextParallelMetadata has fields the splitter does not know"
 
 
 def test_attention_groups_that_disagree_keep_single_stream():

@@ -14,11 +14,13 @@ dual-stream while another did not would issue collectives of other sizes: a hang
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from vllm_ascend.dual_stream.config import DualStreamConfig
 from vllm_ascend.dual_stream.split import (
+    KNOWN_FIELDS,
     SplitPoint,
     choose_split,
     query_lens_from_cumulative,
@@ -69,6 +71,8 @@ def decide(
     for metadata in {id(m): m for m in attn_metadata.values()}.values():  # layers of a KV group share one
         if _state_name(metadata) in SINGLE_STREAM_STATES:
             return GateDecision(None, f"{_state_name(metadata)} batch")
+        if not dataclasses.is_dataclass(metadata) or {f.name for f in dataclasses.fields(metadata)} - KNOWN_FIELDS:
+            return GateDecision(None, f"{type(metadata).__name__} has fields the splitter does not know")
         field = required_defaults_violated(metadata)
         if field is not None:
             return GateDecision(None, f"metadata field {field} in use")

@@ -71,6 +71,12 @@ def choose(default: Candidate, candidates: Sequence[Candidate], ttft_ms: dict[st
     return best
 
 
+def grid(kind: str, default_base: int, base_chunks: Sequence[int], smooth_factors: Sequence[float]) -> list[Candidate]:
+    """The default (the scheduler's own settings at ``default_base``) first, then every pair."""
+    default = Candidate(kind, default_base, None)
+    return [default] + [Candidate(kind, b, s) for b in sorted(set(base_chunks)) for s in sorted(set(smooth_factors))]
+
+
 def tune(
     setups: Sequence[pol.Setup],
     kind: str,
@@ -79,10 +85,8 @@ def tune(
     smooth_factors: Sequence[float],
     log_dir=None,
 ) -> TuneResult:
-    default = Candidate(kind, default_base, None)
-    candidates = [default] + [
-        Candidate(kind, b, s) for b in sorted(set(base_chunks)) for s in sorted(set(smooth_factors))
-    ]
+    candidates = grid(kind, default_base, base_chunks, smooth_factors)
+    default = candidates[0]
     policies = [c.policy() for c in candidates]
     results = pol.run_cases([(setup, policies) for setup in setups], log_dir)
     ttft_ms: dict[str, list[float]] = {c.name: [] for c in candidates}

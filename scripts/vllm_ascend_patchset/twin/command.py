@@ -198,6 +198,8 @@ def _run(args: argparse.Namespace) -> int:
     if any(p < 1 for p in stage_counts):
         raise ValueError(f"--stages must be >= 1, got {args.stages}")
     layers = tuple(int(v) for v in args.layers.split(",")) if args.layers else None
+    if layers and (any(p != len(layers) for p in stage_counts) or min(layers) <= 0):
+        raise ValueError(f"--layers {args.layers}: give one positive layer count per stage for --stages {args.stages}")
     print(f"surface: {surface.describe()}")
     if args.tune:
         from .tune import run_tune

@@ -7,6 +7,7 @@ A stub is installed only when the real module cannot be imported.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -30,7 +31,8 @@ def install() -> list[str]:
         module = mock.MagicMock(name=name, spec=types.ModuleType(name))
         module.__name__ = name
         module.__path__ = []
-        module.__spec__ = None
+        # a real spec: transformers' availability probes reject a module whose __spec__ is None
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         sys.modules[name] = module
         installed.append(name)
     return installed

@@ -1,0 +1,98 @@
+"""scripts/bench/cpp_serve.py: arguments, the exact commands (dry run) and the table, without an NPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "cpp_serve.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("cpp_serve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BASE = ["--model", "/models/Qwen3-32B", "--pp", "4", "--input-len", "65536"]
+
+
+def test_dry_run_prints_the_exact_commands():
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), *BASE, "--tp", "2", "--cpp-cache-dir", "/tmp/cpp", "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    common = (
+        "vllm serve /models/Qwen3-32B --host 127.0.0.1 --port 8000 --pipeline-parallel-size 4 "
+        "--tensor-parallel-size 2 --enable-chunked-prefill --max-num-batched-tokens 8192 --max-model-len 65616 "
+        "--no-enable-prefix-caching --additional-config "
+    )
+    bench = (
+        "vllm bench serve --backend vllm --model /models/Qwen3-32B --host 127.0.0.1 --port 8000 "
+        "--dataset-name random --random-input-len 65536 --random-output-len 16 --random-range-ratio 0 "
+        "--num-prompts 32 --request-rate inf --seed 0 --ignore-eos --percentile-metrics ttft "
+        "--metric-percentiles 50,99 --save-result --result-dir results/cpp_serve --result-filename "
+    )
+    assert out.splitlines() == [
+        "# fixed",
+        common + """'{"profiling_chunk_config": {"enabled": false}}'""",
+        bench + "fixed-pp4-in65536.json",
+        "# cpp",
+        common + """'{"profiling_chunk_config": {"cache_dir": "/tmp/cpp", "enabled": true}}'""",
+        bench + "cpp-pp4-in65536.json",
+    ]
+
+
+def test_runs_differ_only_in_the_cpp_switch(bench):
+    args = bench.parse_args(
+        [*BASE, "--cpp-config", '{"smooth_factor": 0.8}', "--serve-arg", "--gpu-memory-utilization 0.85"]
+    )
+    fixed, cpp = bench.serve_command(args, "fixed"), bench.serve_command(args, "cpp")
+    differ = [i for i, (a, b) in enumerate(zip(fixed, cpp, strict=True)) if a != b]
+    assert len(differ) == 1 and fixed[differ[0] - 1] == "--additional-config"
+    assert json.loads(cpp[differ[0]]) == {"profiling_chunk_config": {"enabled": True, "smooth_factor": 0.8}}
+    assert fixed[-2:] == ["--gpu-memory-utilization", "0.85"]
+    assert bench.bench_command(args, "fixed")[:-1] == bench.bench_command(args, "cpp")[:-1]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "m", "--pp", "1", "--input-len", "1000"], "needs pipeline parallelism"),
+        (["--model", "m", "--pp", "2", "--input-len", "0"], "must be a positive integer"),
+        (["--model", "m", "--pp", "2"], "--input-len"),
+        ([*BASE, "--cpp-config", "{smooth"], "--cpp-config is not JSON"),
+        ([*BASE, "--cpp-config", '{"enabled": true}'], 'without "enabled"'),
+        ([*BASE, "--request-rate", "-1"], "'inf' or a positive number"),
+        ([*BASE, "--max-model-len", "1000"], "must hold --input-len + --output-len"),
+    ],
+)
+def test_bad_arguments_are_refused(bench, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_table_shows_both_runs_and_the_ratio(bench, monkeypatch, capsys):
+    results = {
+        "fixed": {"mean_ttft_ms": 20000.0, "median_ttft_ms": 19000.0, "p99_ttft_ms": 30000.0},
+        "cpp": {"mean_ttft_ms": 16000.0, "median_ttft_ms": 17100.0, "p99_ttft_ms": 24000.0},
+    }
+    ran = []
+    monkeypatch.setattr(bench, "run_variant", lambda args, variant: ran.append(variant) or results[variant])
+    assert bench.main([*BASE, "--result-dir", "/tmp/cpp-serve-test"]) == 0
+    assert ran == ["fixed", "cpp"]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-3].split()[-3:] == ["20000.0", "16000.0", "0.800"]
+    assert lines[-2].split()[-3:] == ["19000.0", "17100.0", "0.900"]
+    assert lines[-1].split()[-3:] == ["30000.0", "24000.0", "0.800"]

@@ -133,3 +133,13 @@ def test_tune_never_recommends_a_setting_measured_worse_than_the_default(twin):
     fresh = {r["policy"]["name"]: figures_from_result(r, 2).ttft_mean_ms for r in runs["tune-again"]}
     assert fresh[again(tuned.best).name] <= fresh[again(tuned.default).name]
     assert fresh[again(tuned.default).name] == pytest.approx(tuned.ttft_ms[tuned.default.name][0])
+
+
+def test_ours_gets_its_latency_model_from_start_up_profiling_when_assembled(runs):
+    if not pol.ours_available():
+        pytest.skip("our ProfilingChunkScheduler is not in the assembled tree")
+    result = runs["long"][3]
+    assert result["policy"]["kind"] == "ours"
+    assert "latency model from profiled" in result["start_up"]
+    # Each run asks every worker (P of them) for its own stage's time, with and without history.
+    assert {h > 0 for _, h, _ in result["profile_calls"]} == {True, False}

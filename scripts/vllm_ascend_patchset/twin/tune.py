@@ -41,7 +41,9 @@ class Candidate:
         return pol.Policy(self.name, made.kind, made.max_num_batched_tokens, made.additional_config)
 
     def serve_flags(self) -> str:
+        """What to pass to ``vllm serve`` (without the twin's own no-cache setting)."""
         config = self.policy().additional_config
+        config = {key: {k: v for k, v in value.items() if k not in pol.TWIN_ONLY_KEYS} for key, value in config.items()}
         return f"--max-num-batched-tokens {self.base_chunk_tokens} --additional-config '{json.dumps(config)}'"
 
 

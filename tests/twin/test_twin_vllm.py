@@ -141,5 +141,5 @@ def test_ours_gets_its_latency_model_from_start_up_profiling_when_assembled(runs
     result = runs["long"][3]
     assert result["policy"]["kind"] == "ours"
     assert "latency model from profiled" in result["start_up"]
-    # Each run asks every worker (P of them) for its own stage's time, with and without history.
+    # Its profile covers fresh chunks and chunks that carry history.
     assert {h > 0 for _, h, _ in result["profile_calls"]} == {True, False}

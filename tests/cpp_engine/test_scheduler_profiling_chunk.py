@@ -7,7 +7,9 @@ against what the surface says.
 
 from __future__ import annotations
 
+import inspect
 import json
+import sys
 from dataclasses import dataclass, field
 from unittest import mock
 
@@ -155,6 +157,9 @@ def test_chunks_shrink_with_history_as_predicted(tmp_path, profiled):
         history_tokens += chunk
     assert all(later <= earlier for earlier, later in zip(chunks[:-2], chunks[1:-1], strict=True))
     assert chunks[-2] < BASE_CHUNK / 3
+    # Rounded down, and the tail merged into the last chunk instead of costing a round of its own.
+    assert all(chunk % predictor.align == 0 for chunk in chunks[:-1])
+    assert chunks[-1] > predictor.floor_tokens
 
 
 def test_batches_stay_within_target_decodes_run_every_step_and_all_finish(tmp_path, profiled):
@@ -270,10 +275,68 @@ def test_worker_failure_leaves_fixed_chunks_and_every_request_finishes(tmp_path)
     assert not any(out.cpp_time_step for out in outputs)
 
 
-def test_fit_rejected_leaves_fixed_chunks(tmp_path):
-    flat = Surface(c0=5.0, c1=0.0, c2=0.0, c3=0.0, c4=0.0)  # no growth at all: the model refuses it
+def test_flat_profile_is_rejected_and_leaves_fixed_chunks(tmp_path):
+    """A fit without a quadratic term is refused: fixed chunks, nothing cached."""
+    flat = Surface(c0=5.0, c1=0.0, c2=0.0, c3=0.0, c4=0.0)
     scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(flat,)))
     assert scheduler.profiling_chunk_manager.predictor is None and scheduler.cpp_source is None
+    assert not list((tmp_path / "cache").glob("*.json"))
+    outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1200, 1))])
+    assert [out.num_scheduled_tokens["r"] for out in outputs[:3]] == [BASE_CHUNK, BASE_CHUNK, 1200 - 2 * BASE_CHUNK]
+
+
+@dataclass
+class Concave(Surface):
+    def ms(self, chunk_tokens, history_tokens):
+        return 5.0 + 0.05 * chunk_tokens - 4e-5 * chunk_tokens**2  # a negative quadratic term
+
+
+def test_concave_profile_never_makes_chunks_grow_or_times_negative(tmp_path):
+    """Upstream's unguarded fit took the negative curvature: chunks grew with history."""
+    scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(Concave(),)))
+    predictor = scheduler.profiling_chunk_manager.predictor
+    if predictor is None:  # refused outright: fixed chunks
+        outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1200, 1))])
+        assert outputs[0].num_scheduled_tokens["r"] == BASE_CHUNK
+        return
+    # Accepted only as a non-negative model (here: nearly linear), within the fit's error bound.
+    assert all(c >= 0 for c in predictor.model.coefficients)
+    chunks = [predictor.next_chunk(history, 10**6) for history in range(0, 8000, 500)]
+    assert all(later <= earlier for earlier, later in zip(chunks, chunks[1:], strict=False))
+    assert all(predictor.time_ms(c, h) > 0 for c in (1, 64, BASE_CHUNK) for h in (0, 4000))
+    assert predictor.target_ms == pytest.approx(Concave().ms(BASE_CHUNK, 0), rel=0.15)
+
+
+def test_start_up_logs_the_model_the_target_and_its_source(tmp_path, profiled):
+    module = sys.modules[ProfilingChunkScheduler.__module__]
+    with mock.patch.object(module, "logger") as log:
+        cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    ((message, *values),) = [call.args for call in log.info.call_args_list]
+    line = message % tuple(values)
+    assert "t = c0 + c1*C + c2*H + c3*C^2 + c4*C*H" in line and "target 16.3" in line
+    assert f"from cache {profiled[0] / 'cache'}" in line
+
+
+def test_a_few_fast_batches_do_not_move_the_target(tmp_path, profiled):
+    """Upstream let any three history-free batches (a health check) overwrite the target."""
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    target_ms = scheduler.profiling_chunk_manager.target_ms
+    arrivals = [(i, request(f"ping-{i}", 8, 1, start=100 * i + 1)) for i in range(5)]
+
+    def fast(scheduler, scheduler_output):
+        if scheduler_output.cpp_time_step:
+            return {"execution_time_ms": 0.2 * STAGE_1.batch_ms(scheduler_output.cpp_batch.pairs)}
+        return {}
+
+    helpers.run_to_completion(scheduler, arrivals, on_step=fast)
+    assert scheduler.profiling_chunk_manager.target_ms == target_ms
+
+
+def test_no_copy_of_the_scheduling_loop():
+    """Upstream's scheduler carried a ~520-line copy of schedule(); ours wraps the hooked loop."""
+    source = inspect.getsource(ProfilingChunkScheduler.schedule)
+    assert "super().schedule(" in source and len(source.splitlines()) < 25
+    assert "while" not in inspect.getsource(sys.modules[ProfilingChunkScheduler.__module__])
 
 
 def test_timing_is_sampled_once_calibrated(tmp_path, profiled):

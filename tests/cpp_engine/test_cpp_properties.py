@@ -1,0 +1,65 @@
+"""Properties of the CPP scheduler on random workloads, in the domain's words."""
+
+from __future__ import annotations
+
+import helpers
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_scheduler_profiling_chunk import (
+    STAGE_1,
+    TAIL_TOLERANCE,
+    FakeExecutor,
+    batch_pairs,
+    cpp_scheduler,
+    timing_from,
+)
+
+SHARED_PREFIX = list(range(20_000, 21_024))
+
+requests = st.lists(
+    st.tuples(
+        st.integers(0, 12),  # arrival step
+        st.integers(1, 2500),  # prompt tokens of its own
+        st.integers(1, 6),  # tokens to generate
+        st.booleans(),  # starts with the shared 1024-token prefix (a prefix-cache hit)
+    ),
+    min_size=1,
+    max_size=7,
+)
+
+
+@pytest.fixture(scope="module")
+def profile_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cpp-properties")
+    cpp_scheduler(root, FakeExecutor(), cache_dir=root / "cache")  # profile once, cached for every example
+    return root
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(workload=requests)
+def test_batches_with_a_prefill_stay_within_the_target_fcfs_holds_and_every_request_finishes(
+    profile_dir, tmp_path, workload
+):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profile_dir / "cache", num_blocks=600)
+    predictor = scheduler.profiling_chunk_manager.predictor
+    assert scheduler.cpp_source.startswith("cache")
+    arrivals = []
+    for index, (step, own_tokens, max_tokens, shared) in enumerate(workload):
+        prompt = (SHARED_PREFIX if shared else []) + list(range(1 + 3000 * index, 1 + 3000 * index + own_tokens))
+        arrivals.append((step, helpers.make_request(f"r{index}", prompt, max_tokens=max_tokens, arrival_time=index)))
+    generated: dict[str, int] = {}
+    history_of: dict[str, int] = {}
+    outputs = helpers.run_to_completion(scheduler, arrivals, on_step=timing_from(STAGE_1), generated=generated)
+
+    assert generated == {r.request_id: r.max_tokens for _, r in arrivals}
+    limit_ms = predictor.target_ms * (1 + TAIL_TOLERANCE) + 1e-9
+    first_scheduled = []
+    for out in outputs:
+        pairs = batch_pairs(out, history_of)
+        has_prefill = any(chunk > 1 for chunk, _ in pairs.values())
+        if has_prefill:
+            assert predictor.batch_time_ms(pairs.values()) <= limit_ms
+        first_scheduled += [new.req_id for new in out.scheduled_new_reqs if new.req_id not in first_scheduled]
+    arrival_order = [r.request_id for _, r in sorted(arrivals, key=lambda item: (item[0], item[1].arrival_time))]
+    assert first_scheduled == arrival_order

@@ -28,11 +28,15 @@ CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
 
 
 def parse_tokens(text: str) -> int:
-    text = text.strip().lower()
-    factor = 1024 if text.endswith("k") else 1
-    value = int(float(text[:-1] if factor > 1 else text) * factor)
+    """``4096``, ``128k`` (x1024) -> tokens."""
+    clean = text.strip().lower()
+    factor = 1024 if clean.endswith("k") else 1
+    try:
+        value = int(float(clean[:-1] if factor > 1 else clean) * factor)
+    except ValueError:
+        raise ValueError(f"token count {text!r}: give a number, optionally with k (e.g. 4096 or 128k)") from None
     if value <= 0:
-        raise ValueError(f"token count must be > 0, got {text!r}")
+        raise ValueError(f"token count {text!r} must be > 0")
     return value
 
 

@@ -14,6 +14,7 @@ tree runs in its own subprocess (``worker``); the two subprocesses run side by s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -152,6 +153,11 @@ def run_cases(cases: list[tuple[Setup, list[Policy]]], log_dir: Path | None = No
     Returns, per case, one result per policy in the order given (a result with an
     ``error`` key when that policy failed).
     """
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError(
+            f"vLLM is not importable by {sys.executable}; run the twin with the test environment's Python"
+            " (.venv/bin/python, made by 'make venv')"
+        )
     trees = sorted({p.tree for _, policies in cases for p in policies})
     jobs = {}
     for tree in trees:

@@ -32,7 +32,7 @@ ROOT = SCRIPTS_DIR.parent
 OUR_SCHEDULER = ROOT / "vllm_ascend_overlay" / "core" / "scheduler_profiling_chunk.py"
 
 TWIN_ONLY_KEYS = frozenset({"cache_dir"})  # set by the twin for its own runs, not advice for a server
-FIXED_SWEEP_TOKENS = (256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+FIXED_SWEEP_TOKENS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
 
 
 @dataclass(frozen=True)

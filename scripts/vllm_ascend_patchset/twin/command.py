@@ -150,7 +150,7 @@ def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], lis
         if pol.ours_available():
             policies.append(pol.ours(args.chunk, **cpp_options(args)))
         else:
-            notes.append("ours: not run (vllm_ascend_overlay/core/scheduler_profiling_chunk.py not assembled yet)")
+            notes.append("ours: not run (the assembled tree lacks the current overlay scheduler: make assemble)")
     return policies, notes
 
 

@@ -108,6 +108,8 @@ def tune(
 
 def run_tune(args: argparse.Namespace, surface_spec: str, stage_counts: list[int], layers) -> int:
     kind = "ours" if pol.ours_available() and "ours" in args.policies else "upstream"
+    if kind == "upstream" and "ours" in args.policies:
+        print("note: our scheduler is not assembled (make assemble); tuning upstream's CPP instead")
     setups = [
         pol.Setup(surface_spec, p, w, args.seed, layers, args.noise)
         for p in stage_counts

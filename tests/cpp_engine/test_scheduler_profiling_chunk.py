@@ -101,7 +101,7 @@ def request(rid, prompt_tokens, max_tokens, *, start=1):
 def timing_from(surface):
     def on_step(scheduler, scheduler_output):
         if scheduler_output.cpp_time_step:
-            return {"execution_time_ms": surface.batch_ms(scheduler_output.cpp_batch.pairs)}
+            return {"execution_time_ms": surface.batch_ms(scheduler.planned_batch(scheduler_output).pairs)}
         return {}
 
     return on_step
@@ -325,7 +325,7 @@ def test_a_few_fast_batches_do_not_move_the_target(tmp_path, profiled):
 
     def fast(scheduler, scheduler_output):
         if scheduler_output.cpp_time_step:
-            return {"execution_time_ms": 0.2 * STAGE_1.batch_ms(scheduler_output.cpp_batch.pairs)}
+            return {"execution_time_ms": 0.2 * STAGE_1.batch_ms(scheduler.planned_batch(scheduler_output).pairs)}
         return {}
 
     helpers.run_to_completion(scheduler, arrivals, on_step=fast)
@@ -359,3 +359,28 @@ def test_timing_off_when_need_timing_is_false(tmp_path, profiled):
     scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", need_timing=False)
     outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1500, 2))])
     assert not any(out.cpp_time_step for out in outputs)
+
+
+def test_pipelined_steps_chunk_one_prompt_ahead_and_skip_decodes_in_flight(tmp_path, profiled):
+    """With PP the engine schedules the next step before the previous one's output is back."""
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", num_blocks=2048)
+    predictor = scheduler.profiling_chunk_manager.predictor
+    chats = [f"chat-{i}" for i in range(10)]
+    for i, rid in enumerate(chats):
+        scheduler.add_request(request(rid, 2500, 500, start=10_000 * (i + 1)))
+    while any(scheduler.requests[rid].num_output_tokens == 0 for rid in chats):
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))  # until every chat decodes
+    reserved_ms = sum(predictor.decode_ms(scheduler.requests[rid].num_computed_tokens) for rid in chats)
+    assert reserved_ms > predictor.request_ms(predictor.align, 600)  # enough to cost the prompt a block
+    scheduler.add_request(request("long", 5000, 1))
+    first = scheduler.schedule()  # decodes + the first chunk
+    second = scheduler.schedule()  # the decodes are in flight: only the prompt's next chunk
+    assert set(first.num_scheduled_tokens) == {*chats, "long"}
+    assert list(second.num_scheduled_tokens) == ["long"]
+    history_tokens = first.num_scheduled_tokens["long"]
+    assert second.num_scheduled_tokens["long"] == predictor.next_chunk(history_tokens, 5000 - history_tokens)
+    assert scheduler.planned_batch(second).pairs == ((second.num_scheduled_tokens["long"], history_tokens),)
+    for output in (first, second):
+        scheduler.update_from_output(output, helpers.model_output(scheduler, output))
+    assert scheduler.planned_batch(first) is None and scheduler.planned_batch(second) is None

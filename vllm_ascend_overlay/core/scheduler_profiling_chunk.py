@@ -37,6 +37,9 @@ history_tokens))`` returns per-worker latencies in ms (or pass ``measure=fn`` wi
 ``fn(chunk_tokens, history_tokens) -> ms``), then alternate ``schedule()`` and
 ``update_from_output(output, model_runner_output)``; set
 ``model_runner_output.execution_time_ms`` for steps whose ``cpp_time_step`` is True.
+``planned_batch(output)`` gives a step's (chunk_tokens, history_tokens) pairs and
+predicted time until its model output is back; the plan stays in the scheduler and
+only the flag travels to the workers.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from vllm_ascend.core.profiling_chunk_predictor import ProfilingChunkManager
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
 logger = init_logger(__name__)
+
+MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_profiled = False
         self._cpp_timed_steps = 0
         self._cpp_prefill_steps = 0
+        self._cpp_batches: dict[int, CppBatch] = {}  # id(SchedulerOutput) -> its plan, until its output
         self._reset_step()
 
     # ------------------------------------------------------------------ start-up
@@ -143,7 +149,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         used_ms = predictor.model.c0_ms
         reserved = self._step_reserved_ms
         for request in self.running:
-            if request.num_tokens - request.num_computed_tokens <= 1:  # a decode
+            if request.num_tokens - request.num_computed_tokens == 1:  # a decode (0: still in flight)
                 cost_ms = predictor.decode_ms(request.num_computed_tokens)
                 reserved[request.request_id] = cost_ms
                 used_ms += cost_ms
@@ -212,12 +218,21 @@ class ProfilingChunkScheduler(BalanceScheduler):
                 if timed:
                     self._cpp_timed_steps += 1
                     batch = CppBatch(pairs, batch.predicted_ms, True)
-            scheduler_output.cpp_batch = batch
-        scheduler_output.cpp_time_step = timed
+            batches = self._cpp_batches
+            batches[id(scheduler_output)] = batch
+            if len(batches) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
+                del batches[next(iter(batches))]
+        else:
+            self._cpp_batches.pop(id(scheduler_output), None)
+        scheduler_output.cpp_time_step = timed  # the one flag the workers read
         return scheduler_output
 
+    def planned_batch(self, scheduler_output) -> CppBatch | None:
+        """The plan of a scheduled step whose model output has not come back yet."""
+        return self._cpp_batches.get(id(scheduler_output))
+
     def update_from_output(self, scheduler_output, model_runner_output):
-        batch = getattr(scheduler_output, "cpp_batch", None)
+        batch = self._cpp_batches.pop(id(scheduler_output), None)
         measured_ms = getattr(model_runner_output, "execution_time_ms", None)
         if batch is not None and batch.timed and measured_ms:
             logger.debug(

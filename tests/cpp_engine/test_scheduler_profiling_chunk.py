@@ -384,3 +384,20 @@ def test_pipelined_steps_chunk_one_prompt_ahead_and_skip_decodes_in_flight(tmp_p
     for output in (first, second):
         scheduler.update_from_output(output, helpers.model_output(scheduler, output))
     assert scheduler.planned_batch(first) is None and scheduler.planned_batch(second) is None
+
+
+def test_each_timed_batch_logs_predicted_and_measured_time(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    module = sys.modules[ProfilingChunkScheduler.__module__]
+    with mock.patch.object(module, "logger") as log:
+        outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1500, 2))], on_step=timing_from(STAGE_1))
+    lines = [call.args[0] % tuple(call.args[1:]) for call in log.debug.call_args_list]
+    timed = [out for out in outputs if out.cpp_time_step]
+    assert len(lines) == len(timed) >= 3
+    assert all("predicted" in line and "measured" in line for line in lines)
+    predictor = scheduler.profiling_chunk_manager.predictor
+    chunk = outputs[0].num_scheduled_tokens["r"]
+    assert lines[0] == (
+        f"[CPP] batch of 1 requests, {chunk} tokens: predicted {predictor.time_ms(chunk, 0):.2f} ms, "
+        f"measured {STAGE_1.ms(chunk, 0):.2f} ms"
+    )

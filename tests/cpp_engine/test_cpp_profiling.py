@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
+import helpers
 from vllm_ascend.core import cpp_profiling
 
 
@@ -59,3 +59,23 @@ def test_engine_core_hook_starts_cpp_once_the_executor_is_up():
     assert not cpp_profiling.wrap_engine_core_init(EngineCore)  # idempotent: one profile per engine
     EngineCore("executor")
     assert events == [("init", "executor"), ("profile", "executor")]
+
+
+def test_fingerprint_names_what_a_profile_depends_on_without_touching_the_device(tmp_path, monkeypatch):
+    import torch
+
+    class NoDevice:
+        def __getattr__(self, name):
+            raise AssertionError(f"the engine-core process must not touch the NPU (torch.npu.{name})")
+
+    monkeypatch.setattr(torch, "npu", NoDevice(), raising=False)
+    base = helpers.make_vllm_config(tmp_path, max_num_batched_tokens=512)
+    fingerprint = cpp_profiling.fingerprint_for(base)
+    assert fingerprint["model"] == str(tmp_path) and fingerprint["max_num_batched_tokens"] == 512
+    assert fingerprint["pipeline_parallel_size"] == 1 and fingerprint["block_size"] == 16
+    assert fingerprint["vllm_version"] and fingerprint["vllm_ascend_version"].startswith("0.23.0+")
+    other_budget = cpp_profiling.fingerprint_for(helpers.make_vllm_config(tmp_path, max_num_batched_tokens=1024))
+    files = {cpp_profiling.cache_file("/c", fp) for fp in (fingerprint, other_budget)}
+    assert len(files) == 2 and cpp_profiling.cache_file("/c", fingerprint) == cpp_profiling.cache_file(
+        "/c", dict(fingerprint)
+    )

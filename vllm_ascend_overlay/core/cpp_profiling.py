@@ -141,16 +141,22 @@ def fingerprint_for(vllm_config: Any) -> dict:
 
 
 def _device_identity() -> tuple[str, str | None]:
+    """Device kind and CANN install, read without touching the NPU from the engine-core process.
+
+    The SoC comes from the wheel's build info; the CANN version from the real path of the
+    toolkit folder (``.../ascend-toolkit/8.x.y`` behind a ``latest`` link).
+    """
     device_name = "unknown"
     try:
-        import torch
+        from vllm_ascend import _build_info  # type: ignore[attr-defined]
+        from vllm_ascend.utils import get_ascend_device_type
 
-        if hasattr(torch, "npu") and torch.npu.is_available():
-            device_name = str(torch.npu.get_device_name(0))
+        soc = getattr(_build_info, "__soc_version__", None)
+        device_name = f"{get_ascend_device_type().name}/{soc}" if soc else get_ascend_device_type().name
     except Exception:
         pass
-    cann_version = os.environ.get("ASCEND_TOOLKIT_VERSION") or os.environ.get("ASCEND_HOME_PATH")
-    return device_name, cann_version
+    toolkit = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    return device_name, os.path.realpath(toolkit) if toolkit else None
 
 
 def cache_file(cache_dir: str, fingerprint: dict) -> Path:

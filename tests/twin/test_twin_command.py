@@ -56,3 +56,18 @@ def test_summary_picks_the_fastest_fixed_chunk_as_tuned_and_orders_the_rows():
     assert notes == ["ours: FAILED RuntimeError: boom"]
     table = format_table("case", rows, tuned, upstream, show_tpot=False)
     assert "vllm-fixed-300" in table and "2.000" in table  # 20 ms / 10 ms against tuned
+
+
+def test_plot_writes_a_gantt_row_per_policy_and_the_chunk_chart(tmp_path):
+    from vllm_ascend_patchset.twin.plot import plot_case
+    from vllm_ascend_patchset.twin.policies import Setup
+    from vllm_ascend_patchset.twin.workloads import long_prompt
+
+    results = [fake_result("fixed-200", "fixed", 200, 2.0), fake_result("upstream-cpp", "upstream", 250, 2.5)]
+    rows, *_ = summarize_case(results, 2, 200, {"fixed", "upstream"})
+    paths = plot_case(tmp_path, Setup("synthetic", 2, long_prompt(800)), results, rows, 200)
+    assert [p.name for p in paths] == ["gantt-long-800-p2.png", "chunks-long-800-p2.png"]
+    import matplotlib.image
+
+    gantt = matplotlib.image.imread(paths[0])
+    assert gantt.shape[0] > 200 and gantt.shape[1] > 600  # two policies x two stages, readable size

@@ -118,13 +118,17 @@ def test_not_with_another_scheduler_override():
         cpp_config.select_cpp_scheduler(vllm_config)
 
 
-def test_select_installs_our_scheduler(monkeypatch):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_select_installs_our_scheduler_keeping_async_scheduling(monkeypatch, async_scheduling):
     # The engine-core start-up hook module is NPU-side; a stand-in records that it was imported.
     name = "vllm_ascend.patch.platform.patch_profiling_chunk"
     monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     vllm_config = engine()
+    vllm_config.scheduler_config.async_scheduling = async_scheduling
     cpp_config.select_cpp_scheduler(vllm_config)
-    assert vllm_config.scheduler_config.scheduler_cls == cpp_config.SCHEDULER_CLS
+    expected = cpp_config.ASYNC_SCHEDULER_CLS if async_scheduling else cpp_config.SCHEDULER_CLS
+    assert vllm_config.scheduler_config.scheduler_cls == expected
+    cpp_config.select_cpp_scheduler(vllm_config)  # selecting again (a second config pass) is fine
 
 
 def test_ascend_config_runs_the_check(tmp_path):

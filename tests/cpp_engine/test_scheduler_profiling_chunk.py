@@ -7,6 +7,7 @@ against what the surface says.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import sys
@@ -18,6 +19,7 @@ import pytest
 from vllm_ascend.core import cpp_profiling
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
+AsyncProfilingChunkScheduler = sys.modules[ProfilingChunkScheduler.__module__].AsyncProfilingChunkScheduler
 
 BASE_CHUNK = 512
 BLOCK_SIZE = 16
@@ -66,7 +68,9 @@ class FakeExecutor:
         return [stage.ms(chunk_tokens, history_tokens) for stage in self.stages for _tp_rank in range(2)]
 
 
-def cpp_scheduler(tmp_path, executor=None, *, cache_dir=None, model_dir=None, num_blocks=1024, **cpp):
+def cpp_scheduler(
+    tmp_path, executor=None, *, cache_dir=None, model_dir=None, num_blocks=1024, async_scheduling=False, **cpp
+):
     """A profiled CPP scheduler; the model folder is part of the profile's fingerprint."""
     if model_dir is None:
         model_dir = cache_dir.parent / "model" if cache_dir is not None else tmp_path / "model"
@@ -81,7 +85,7 @@ def cpp_scheduler(tmp_path, executor=None, *, cache_dir=None, model_dir=None, nu
         **cpp,
     }
     scheduler = helpers.make_scheduler(
-        ProfilingChunkScheduler,
+        AsyncProfilingChunkScheduler if async_scheduling else ProfilingChunkScheduler,
         model_dir=model_dir,
         num_blocks=num_blocks,
         max_num_batched_tokens=BASE_CHUNK,
@@ -162,8 +166,9 @@ def test_chunks_shrink_with_history_as_predicted(tmp_path, profiled):
     assert chunks[-1] > predictor.floor_tokens
 
 
-def test_batches_stay_within_target_decodes_run_every_step_and_all_finish(tmp_path, profiled):
-    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_batches_stay_within_target_decodes_run_every_step_and_all_finish(tmp_path, profiled, async_scheduling):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", async_scheduling=async_scheduling)
     predictor = scheduler.profiling_chunk_manager.predictor
     shared = list(range(1, 2049))
     arrivals = [(0, request(f"chat-{i}", 40 + 10 * i, 60, start=5000 + 100 * i)) for i in range(4)]
@@ -336,7 +341,8 @@ def test_no_copy_of_the_scheduling_loop():
     """Upstream's scheduler carried a ~520-line copy of schedule(); ours wraps the hooked loop."""
     source = inspect.getsource(ProfilingChunkScheduler.schedule)
     assert "super().schedule(" in source and len(source.splitlines()) < 25
-    assert "while" not in inspect.getsource(sys.modules[ProfilingChunkScheduler.__module__])
+    module = ast.parse(inspect.getsource(sys.modules[ProfilingChunkScheduler.__module__]))
+    assert not [node for node in ast.walk(module) if isinstance(node, ast.While)]
 
 
 def test_timing_is_sampled_once_calibrated(tmp_path, profiled):
@@ -401,3 +407,24 @@ def test_each_timed_batch_logs_predicted_and_measured_time(tmp_path, profiled):
         f"[CPP] batch of 1 requests, {chunk} tokens: predicted {predictor.time_ms(chunk, 0):.2f} ms, "
         f"measured {STAGE_1.ms(chunk, 0):.2f} ms"
     )
+
+
+def test_async_scheduling_reserves_decodes_scheduled_ahead_of_their_output(tmp_path, profiled):
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache", num_blocks=2048, async_scheduling=True)
+    predictor = scheduler.profiling_chunk_manager.predictor
+    chats = [f"chat-{i}" for i in range(10)]
+    for i, rid in enumerate(chats):
+        scheduler.add_request(request(rid, 2500, 500, start=10_000 * (i + 1)))
+    while any(scheduler.requests[rid].num_output_tokens == 0 for rid in chats):
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+    scheduler.add_request(request("long", 5000, 1))
+    first = scheduler.schedule()
+    second = scheduler.schedule()  # with output placeholders the chats decode again right away
+    history_of: dict[str, int] = {}
+    for out in (first, second):
+        assert set(out.num_scheduled_tokens) == {*chats, "long"}
+        pairs = batch_pairs(out, history_of)
+        assert predictor.batch_time_ms(pairs.values()) <= predictor.target_ms * (1 + TAIL_TOLERANCE)
+    alone = predictor.next_chunk(first.num_scheduled_tokens["long"], 5000 - first.num_scheduled_tokens["long"])
+    assert second.num_scheduled_tokens["long"] < alone  # the decodes' reservation took its share

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - only without vLLM
 
 CONFIG_KEY = "profiling_chunk_config"
 SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
+ASYNC_SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.AsyncProfilingChunkScheduler"
 DEFAULT_CACHE_DIR = "~/.cache/vllm_ascend/cpp"
 
 
@@ -172,14 +173,15 @@ def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, ba
 
 
 def select_cpp_scheduler(vllm_config: Any) -> None:
-    """The platform's hook: install ProfilingChunkScheduler unless another scheduler is set."""
+    """The platform's hook: install the CPP scheduler (its async form under async scheduling)."""
     current = vllm_config.scheduler_config.scheduler_cls
-    if current is not None and current != SCHEDULER_CLS:
+    if current is not None and current not in (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS):
         name = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"
         raise CppConfigError(
             f"{CONFIG_KEY}.enabled=true replaces the scheduler, but scheduler_cls is already {name} "
             "(from --scheduler-cls, recompute_scheduler_enable or SLO_limits_for_dynamic_batch): "
             "drop that setting, or set enabled to false"
         )
-    vllm_config.scheduler_config.scheduler_cls = SCHEDULER_CLS
+    async_scheduling = bool(getattr(vllm_config.scheduler_config, "async_scheduling", False))
+    vllm_config.scheduler_config.scheduler_cls = ASYNC_SCHEDULER_CLS if async_scheduling else SCHEDULER_CLS
     import vllm_ascend.patch.platform.patch_profiling_chunk  # noqa: F401  (engine-core start-up hook)

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.logger import init_logger
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_profiling import fingerprint_for, initialise_profile, measure_with_executor
 from vllm_ascend.core.profiling_chunk_predictor import ProfilingChunkManager
@@ -149,8 +150,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
         used_ms = predictor.model.c0_ms
         reserved = self._step_reserved_ms
         for request in self.running:
-            if request.num_tokens - request.num_computed_tokens == 1:  # a decode (0: still in flight)
-                cost_ms = predictor.decode_ms(request.num_computed_tokens)
+            if request.num_tokens - request.num_computed_tokens > 1:
+                continue  # a prefill: sized by the hooks below
+            # A decode; none while its last token is in flight, unless asynchronous
+            # scheduling already counts that token as a placeholder.
+            new_tokens = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
+            if new_tokens > 0:
+                cost_ms = predictor.request_ms(new_tokens, request.num_computed_tokens)
                 reserved[request.request_id] = cost_ms
                 used_ms += cost_ms
         self._step_used_ms = used_ms
@@ -245,3 +251,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if self.profiling_chunk_manager.record_batch(list(batch.pairs), float(measured_ms)):
                 self._cpp_predictor = self.profiling_chunk_manager.predictor
         return super().update_from_output(scheduler_output, model_runner_output)
+
+
+class AsyncProfilingChunkScheduler(ProfilingChunkScheduler, AsyncScheduler):
+    """The same policy under vLLM's asynchronous scheduling (decodes carry output placeholders).
+
+    core/cpp_config.py picks this class when ``async_scheduling`` is on, so turning CPP on
+    does not silently turn asynchronous scheduling off.
+    """

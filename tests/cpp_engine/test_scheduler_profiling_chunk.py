@@ -104,6 +104,10 @@ def request(rid, prompt_tokens, max_tokens, *, start=1):
 
 def timing_from(surface):
     def on_step(scheduler, scheduler_output):
+        plan = scheduler.planned_batch(scheduler_output)
+        if plan is not None:  # the running sum the scheduler keeps is the model's time of the batch
+            predictor = scheduler.profiling_chunk_manager.predictor
+            assert plan.predicted_ms == pytest.approx(predictor.batch_time_ms(plan.pairs), rel=1e-9)
         if scheduler_output.cpp_time_step:
             return {"execution_time_ms": surface.batch_ms(scheduler.planned_batch(scheduler_output).pairs)}
         return {}

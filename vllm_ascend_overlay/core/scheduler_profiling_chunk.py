@@ -136,10 +136,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     # ------------------------------------------------------------------ hooks
     def _reset_step(self) -> None:
-        self._step_used_ms = 0.0
-        self._step_pairs: dict[str, tuple[int, int]] = {}
-        self._step_cost_ms: dict[str, float] = {}
-        self._step_reserved_ms: dict[str, float] = {}
+        self._step_used_ms = 0.0  # c0 + reserved decodes + charged requests
+        self._step_charged_ms = 0.0  # charged requests only
+        self._step_pairs: dict[str, tuple[int, int, float]] = {}  # chunk_tokens, history_tokens, cost_ms
+        self._step_reserved_ms: dict[str, tuple[int, float]] = {}  # decodes: new_tokens, cost_ms
         self._step_prefills: set[str] = set()
 
     def schedule_step_starts(self, token_budget: int) -> int:
@@ -157,7 +157,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             new_tokens = request.num_tokens_with_spec + request.num_output_placeholders - request.num_computed_tokens
             if new_tokens > 0:
                 cost_ms = predictor.request_ms(new_tokens, request.num_computed_tokens)
-                reserved[request.request_id] = cost_ms
+                reserved[request.request_id] = (new_tokens, cost_ms)
                 used_ms += cost_ms
         self._step_used_ms = used_ms
         return token_budget
@@ -196,18 +196,23 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if predictor is None:
             return
         request_id = request.request_id
-        cost_ms = predictor.request_ms(num_new_tokens, history_tokens)
-        self._step_used_ms += cost_ms - self._step_reserved_ms.pop(request_id, 0.0)
-        self._step_cost_ms[request_id] = cost_ms
-        self._step_pairs[request_id] = (num_new_tokens, history_tokens)
-        if request.num_tokens - history_tokens > 1:
-            self._step_prefills.add(request_id)
+        reservation = self._step_reserved_ms.pop(request_id, None)
+        if reservation is not None and reservation[0] == num_new_tokens:
+            cost_ms = reservation[1]  # a decode as reserved: already in the budget
+        else:
+            cost_ms = predictor.request_ms(num_new_tokens, history_tokens)
+            self._step_used_ms += cost_ms - (reservation[1] if reservation is not None else 0.0)
+            if request.num_tokens - history_tokens > 1:
+                self._step_prefills.add(request_id)
+        self._step_charged_ms += cost_ms
+        self._step_pairs[request_id] = (num_new_tokens, history_tokens, cost_ms)
 
     def refund_scheduled_tokens(self, request: Any) -> None:
-        request_id = request.request_id
-        self._step_used_ms -= self._step_cost_ms.pop(request_id, 0.0)
-        self._step_pairs.pop(request_id, None)
-        self._step_prefills.discard(request_id)
+        charged = self._step_pairs.pop(request.request_id, None)
+        if charged is not None:
+            self._step_used_ms -= charged[2]
+            self._step_charged_ms -= charged[2]
+        self._step_prefills.discard(request.request_id)
 
     # ------------------------------------------------------------------ per step
     def schedule(self, *args: Any, **kwargs: Any):
@@ -215,8 +220,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         predictor = self._cpp_predictor
         timed = False
         if predictor is not None and self._step_pairs:
-            pairs = tuple(self._step_pairs.values())
-            batch = CppBatch(pairs, predictor.batch_time_ms(pairs), False)
+            pairs = tuple((chunk, history) for chunk, history, _ in self._step_pairs.values())
+            batch = CppBatch(pairs, predictor.model.c0_ms + self._step_charged_ms, False)
             if self._step_prefills and self.cpp_config.need_timing:
                 self._cpp_prefill_steps += 1
                 calibrating = self._cpp_timed_steps < self.cpp_config.max_fit_chunk

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""CPU cost of one scheduling step with and without CPP, measured side by side (no NPU).
+
+Both schedulers are real vLLM 0.23.0 schedulers from the assembled tree: upstream's
+BalanceScheduler (CPP off: vLLM's own loop) and our ProfilingChunkScheduler (CPP on,
+profiled through a fake executor). The same workload, many decoding requests plus long
+prompts arriving, runs through each; the script prints the mean time of
+``schedule()`` + ``update_from_output()`` per step and the ratio. It asserts nothing.
+
+    make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup() -> None:
+    os.environ.setdefault("VLLM_PLUGINS", "")
+    os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+    sys.path[:0] = [str(ROOT / "tests" / "cpp_engine"), str(ROOT / "tests"), str(ROOT / "scripts")]
+    from vllm_ascend_patchset.pin import Target
+
+    sys.path.insert(0, str(ROOT / "build" / Target.host().name))
+    import npu_stubs
+
+    npu_stubs.install()
+
+
+def run(scheduler, helpers, args) -> float:
+    for i in range(args.decodes):
+        scheduler.add_request(helpers.make_request(f"d{i}", list(range(1 + 100 * i, 65 + 100 * i)), max_tokens=10**6))
+    for _ in range(5):  # the decoders' prompts
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+    elapsed = 0.0
+    for step in range(args.steps):
+        if step % 20 == 0:
+            prompt = list(range(10**6 + 10_000 * step, 10**6 + 10_000 * step + 6000))
+            scheduler.add_request(helpers.make_request(f"long{step}", prompt, max_tokens=1))
+        start = time.perf_counter()
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+        elapsed += time.perf_counter() - start
+    return elapsed / args.steps * 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--decodes", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=300)
+    args = parser.parse_args()
+    _setup()
+    import helpers
+    from test_scheduler_profiling_chunk import FakeExecutor
+
+    scheduler_cls = helpers.profiling_chunk_scheduler_class()
+    tmp = Path(tempfile.mkdtemp(prefix="cpp-overhead-"))
+    common = dict(
+        model_dir=tmp / "model",
+        num_blocks=16384,
+        max_num_batched_tokens=2048,
+        max_num_seqs=args.decodes + 8,
+        max_model_len=16384,
+    )
+    fixed = helpers.make_scheduler(None, **common)
+    balance_cls = helpers.load_balance_module().BalanceScheduler
+    identity = helpers.make_scheduler(type("Hooked", (balance_cls,), {"uses_schedule_hooks": True}), **common)
+    cpp = helpers.make_scheduler(
+        scheduler_cls,
+        additional_config={"profiling_chunk_config": {"enabled": True, "cache_dir": "", "profile_repeats": 1}},
+        **common,
+    )
+    cpp.run_profiling_chunk_init(FakeExecutor())
+    fixed_us, identity_us, cpp_us = (run(s, helpers, args) for s in (fixed, identity, cpp))
+    print(f"{args.decodes} decoding requests, a 6000-token prompt every 20 steps, {args.steps} steps")
+    print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
+    print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
+    print(f"CPP, upstream's loop:             {cpp_us:8.1f} us per step   ratio {cpp_us / fixed_us:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -432,3 +432,38 @@ def test_async_scheduling_reserves_decodes_scheduled_ahead_of_their_output(tmp_p
         assert predictor.batch_time_ms(pairs.values()) <= predictor.target_ms * (1 + TAIL_TOLERANCE)
     alone = predictor.next_chunk(first.num_scheduled_tokens["long"], 5000 - first.num_scheduled_tokens["long"])
     assert second.num_scheduled_tokens["long"] < alone  # the decodes' reservation took its share
+
+
+def test_priority_preemption_refunds_what_the_preempted_request_was_charged(tmp_path, profiled):
+    cache_dir = str(profiled[0] / "cache")
+    settings = {"enabled": True, "cache_dir": cache_dir, "min_chunk": 64, "tail_tolerance": TAIL_TOLERANCE}
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler,
+        model_dir=profiled[0] / "model",
+        num_blocks=150,
+        max_num_batched_tokens=BASE_CHUNK,
+        max_num_seqs=16,
+        max_model_len=8192,
+        policy="priority",
+        additional_config={"profiling_chunk_config": settings},
+    )
+    scheduler.run_profiling_chunk_init(FakeExecutor())
+    predictor = scheduler.profiling_chunk_manager.predictor
+    arrivals = [
+        (i, helpers.make_request(f"p{i}", list(range(1 + 1000 * i, 1 + 1000 * i + 300)), max_tokens=200,
+                                 priority=i % 3, arrival_time=i))
+        for i in range(8)
+    ]  # fmt: skip
+    generated: dict[str, int] = {}
+    history_of: dict[str, int] = {}
+    with mock.patch.object(
+        ProfilingChunkScheduler, "refund_scheduled_tokens", autospec=True,
+        side_effect=ProfilingChunkScheduler.refund_scheduled_tokens,
+    ) as refund:  # fmt: skip
+        outputs = helpers.run_to_completion(scheduler, arrivals, on_step=timing_from(STAGE_1), generated=generated)
+    assert refund.call_count > 0
+    assert generated == {f"p{i}": 200 for i in range(8)}
+    for out in outputs:
+        pairs = batch_pairs(out, history_of)
+        if pairs and any(chunk > 1 for chunk, _ in pairs.values()):
+            assert predictor.batch_time_ms(pairs.values()) <= predictor.target_ms * (1 + TAIL_TOLERANCE)

@@ -205,3 +205,20 @@ def test_bad_config_names_the_key():
             make(**{key: value})
     with pytest.raises(ValueError, match="max_num_scheduled_tokens"):
         make(max_num_scheduled_tokens=32)
+
+
+def test_a_fresh_prompt_gets_exactly_the_base_chunk():
+    """The target is defined as the base chunk's time, so its own root must not lose an aligned unit."""
+    from vllm_ascend.core.profiling_chunk_predictor import ChunkSizePredictor, LatencyModel
+
+    for coefficients in [
+        (5.0, 0.01, 0.0, 3e-6, 6e-6),
+        (1.3, 0.0371, 1e-5, 7.7e-7, 2.9e-6),
+        (0.0, 0.02, 0.0, 1e-7, 0.0),
+    ]:
+        model = LatencyModel(*coefficients)
+        for base in (512, 2048, 8192, 65536):
+            predictor = ChunkSizePredictor(
+                model, base_chunk_size=base, page_size=128, max_model_len=10**6, max_num_scheduled_tokens=base
+            )
+            assert predictor.next_chunk(0, 10 * base) == base

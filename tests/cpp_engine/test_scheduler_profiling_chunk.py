@@ -156,9 +156,8 @@ def test_chunks_shrink_with_history_as_predicted(tmp_path, profiled):
     outputs = helpers.run_to_completion(scheduler, [(0, request("long", 6000, 1))])
     chunks = [out.num_scheduled_tokens["long"] for out in outputs if "long" in out.num_scheduled_tokens]
     assert sum(chunks) == 6000
-    # A fresh prompt starts with (nearly) a base chunk: exactly one, up to the predictor's
-    # rounding of its own target (it may floor 511.99999 to the aligned 448).
-    assert chunks[0] >= BASE_CHUNK - predictor.align
+    # A fresh prompt starts with exactly a base chunk: the target is that chunk's time.
+    assert chunks[0] == BASE_CHUNK
     history_tokens = 0
     for chunk in chunks:
         assert chunk == predictor.next_chunk(history_tokens, 6000 - history_tokens)

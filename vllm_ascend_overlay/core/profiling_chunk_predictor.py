@@ -360,7 +360,12 @@ class LatencyModel:
 
 
 def _align_down(tokens: float, align: int) -> int:
-    return int(tokens // align) * align
+    """Round down to a multiple of ``align``, forgiving float error in a root that is exact in theory.
+
+    Without the slack, chunk_for_time(0, time_ms(512, 0)) = 511.99999... would give a base
+    chunk one aligned unit short on every fresh prompt.
+    """
+    return int(math.floor(tokens / align + 1e-9)) * align
 
 
 class ChunkSizePredictor:

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-range", default="16-128", help="mixed: output tokens per request")
     p.add_argument("--noise", type=float, default=0.0, help="sigma of log-normal multiplicative stage-time noise")
     p.add_argument("--layers", default=None, help="layers per stage, comma-separated (uneven split), e.g. 15,16,16,17")
+    p.add_argument(
+        "--async-scheduling",
+        action="store_true",
+        help="vLLM's asynchronous scheduling (AsyncScheduler, ours' async variant; upstream has none)",
+    )
     p.add_argument("--plot", type=Path, default=None, metavar="DIR", help="write Gantt and chunk PNGs here")
     p.add_argument("--json", type=Path, default=None, metavar="FILE", help="write all figures as JSON")
     p.add_argument("--tune", action="store_true", help="search base chunk and smooth factor for the CPP scheduler")
@@ -214,7 +219,7 @@ def _run(args: argparse.Namespace) -> int:
     cases = []
     for num_stages in stage_counts:
         for workload in build_workloads(args, surface_spec, num_stages):
-            setup = pol.Setup(surface_spec, num_stages, workload, args.seed, layers, args.noise)
+            setup = pol.Setup(surface_spec, num_stages, workload, args.seed, layers, args.noise, args.async_scheduling)
             cases.append((setup, policies))
     all_results = pol.run_cases(cases, args.log_dir)
     dump = []

@@ -66,6 +66,7 @@ def make_vllm_config(
     max_model_len: int,
     max_num_seqs: int = 64,
     enable_prefix_caching: bool = True,
+    async_scheduling: bool = False,
     additional_config: dict | None = None,
 ):
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
@@ -83,7 +84,7 @@ def make_vllm_config(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
-        async_scheduling=False,
+        async_scheduling=async_scheduling,
         is_encoder_decoder=False,
     )
     cache_config = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=enable_prefix_caching)
@@ -244,9 +245,10 @@ class VllmDriver:
             output.execution_time_ms = record.stage_ms[-1]
         self.scheduler.update_from_output(handle, output)
         for chunk in record.chunks:
-            if not chunk.samples:
-                continue
-            log = self.logs[chunk.req_id]
-            log.token_ms.append(record.applied_ms)
-            if self.requests[chunk.req_id].is_finished() and log.finish_ms is None:
+            # Count the tokens the scheduler kept (a token sampled after the request
+            # finished, possible under asynchronous scheduling, is dropped by vLLM).
+            log, request = self.logs[chunk.req_id], self.requests[chunk.req_id]
+            kept = len(request.output_token_ids) - len(log.token_ms)
+            log.token_ms.extend([record.applied_ms] * max(kept, 0))
+            if request.is_finished() and log.finish_ms is None:
                 log.finish_ms = record.applied_ms

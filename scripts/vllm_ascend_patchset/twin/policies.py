@@ -107,6 +107,7 @@ class Setup:
     seed: int = 0
     layers: tuple[int, ...] | None = None
     noise_sigma: float = 0.0
+    async_scheduling: bool = False
 
     def case(self, policies: list[Policy]) -> dict[str, Any]:
         return {
@@ -116,6 +117,7 @@ class Setup:
             "seed": self.seed,
             "layers": list(self.layers) if self.layers else None,
             "noise_sigma": self.noise_sigma,
+            "async_scheduling": self.async_scheduling,
             "policies": [p.to_json() for p in policies],
         }
 

@@ -12,6 +12,7 @@ only as ``vllm_ascend.core.scheduler_profiling_chunk``.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import sys
@@ -71,6 +72,7 @@ class PolicyRunner:
             self.surface, self.num_stages, case.get("layers"), float(case.get("noise_sigma", 0.0)), int(case["seed"])
         )
         self.workload = Workload.from_json(case["workload"])
+        self.async_scheduling = bool(case.get("async_scheduling", False))
 
     def run(self, policy: dict[str, Any]) -> dict[str, Any]:
         from .engine import VllmDriver, kv_blocks_for, make_scheduler, make_vllm_config
@@ -84,6 +86,7 @@ class PolicyRunner:
             num_stages=self.num_stages,
             max_model_len=max_model_len,
             additional_config=policy.get("additional_config") or {},
+            async_scheduling=self.async_scheduling,
         )
         scheduler_cls = self._scheduler_class(kind)
         scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
@@ -102,19 +105,25 @@ class PolicyRunner:
             "cpu_s": time.perf_counter() - started,
             "scheduler": f"{scheduler_cls.__module__}.{scheduler_cls.__qualname__}",
             "start_up": describe_start_up(kind, scheduler, executor),
+            "async_scheduling": self.async_scheduling,
         }
 
     def _scheduler_class(self, kind: str) -> type:
         if kind == "fixed":
+            if self.async_scheduling:
+                from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+                return AsyncScheduler
             from vllm.v1.core.sched.scheduler import Scheduler
 
             return Scheduler
         if kind in ("upstream", "ours"):
             if kind == "ours":
                 _load_module_from_tree(self.tree, BALANCE_MODULE)
-            from vllm_ascend.core.scheduler_profiling_chunk import ProfilingChunkScheduler
-
-            return ProfilingChunkScheduler
+            module = importlib.import_module("vllm_ascend.core.scheduler_profiling_chunk")
+            if self.async_scheduling and hasattr(module, "AsyncProfilingChunkScheduler"):
+                return module.AsyncProfilingChunkScheduler  # ours: what cpp_config picks when async is on
+            return module.ProfilingChunkScheduler  # upstream has no asynchronous variant
         raise ValueError(f"unknown policy kind {kind!r} (fixed, upstream, ours)")
 
     def _start_up(self, kind: str, scheduler: Any, executor: Any) -> float:

@@ -75,7 +75,7 @@ class PolicyRunner:
         self.async_scheduling = bool(case.get("async_scheduling", False))
 
     def run(self, policy: dict[str, Any]) -> dict[str, Any]:
-        from .engine import VllmDriver, kv_blocks_for, make_scheduler, make_vllm_config
+        from .engine import SurfaceExecutor, VllmDriver, kv_blocks_for, make_scheduler, make_vllm_config
         from .pipeline import run_pipeline
 
         started = time.perf_counter()
@@ -90,8 +90,6 @@ class PolicyRunner:
         )
         scheduler_cls = self._scheduler_class(kind)
         scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
-        from .engine import SurfaceExecutor
-
         executor = SurfaceExecutor(vllm_config, self.timer)
         setup_s = self._start_up(kind, scheduler, executor)
         driver = VllmDriver(scheduler, self.workload, TIMING_RULES.get(kind))

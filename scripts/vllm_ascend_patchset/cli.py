@@ -58,6 +58,11 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cpp-twin"]:  # its own argument parser: see docs/cpp-twin.md
+        from .twin.command import main as twin_main
+
+        return twin_main(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-ascend-patchset", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("assemble", help="build build/<target>/vllm_ascend from the pin, patches and overlay")
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_diffs)
+    sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     p = sub.add_parser("check-pin", help="report whether each patch applies to another upstream release")
     p.add_argument("version")
     p.add_argument("--py")

@@ -32,6 +32,11 @@ check-pin:        ## does the series apply to another release? make check-pin VE
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }
 	$(TOOL) check-pin $(VERSION)
 
+bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP and ours on the committed CPU surface
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface tests/data/cpu_surface.csv \
+	  --workload long:32k,long:64k,long:128k,long:256k,mixed --stages 4
+	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/predictor.py
+
 lint: venv        ## ruff check + format check through the pre-commit local hooks
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pre-commit run --all-files
 

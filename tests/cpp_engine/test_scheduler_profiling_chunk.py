@@ -230,8 +230,8 @@ def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
 
     def step_with_little_time_left(self, token_budget):
         token_budget = original(self, token_budget)
-        self._step_reserved_ms["elsewhere"] = predictor.target_ms - left_ms  # e.g. decodes already planned
-        self._step_used_ms = predictor.target_ms - left_ms
+        self._step_used_ms = predictor.target_ms - left_ms  # another prefill already took the rest
+        self._step_prefills.add("elsewhere")
         return token_budget
 
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_with_little_time_left)
@@ -242,6 +242,25 @@ def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
     assert first.num_scheduled_tokens == {}  # but w1 is first in line and does not fit
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", original)
     assert list(scheduler.schedule().num_scheduled_tokens) == ["w1", "w2"]  # in arrival order
+
+
+def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, profiled, monkeypatch):
+    """With decodes reserved past the target, the step's first prefill still advances by the floor."""
+    scheduler = cpp_scheduler(tmp_path, cache_dir=profiled[0] / "cache")
+    predictor = scheduler.profiling_chunk_manager.predictor
+    original = ProfilingChunkScheduler.schedule_step_starts
+
+    def step_full_of_decodes(self, token_budget):
+        token_budget = original(self, token_budget)
+        self._step_reserved_ms["decodes"] = (1, 2 * predictor.target_ms)
+        self._step_used_ms = 2 * predictor.target_ms
+        return token_budget
+
+    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_full_of_decodes)
+    scheduler.add_request(request("w1", 3000, 1, start=8000))
+    scheduler.add_request(request("w2", 3000, 1, start=9000))
+    first = scheduler.schedule()
+    assert first.num_scheduled_tokens == {"w1": predictor.floor_tokens}  # w1 advances, w2 keeps its place
 
 
 def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, profiled):

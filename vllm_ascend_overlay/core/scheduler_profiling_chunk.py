@@ -19,10 +19,12 @@ prefill, running or waiting, in vLLM's own order, then gets
 where H is its true history (prefix-cache hits included) and R its tokens left; a
 tail that the predictor would merge is taken whole when the batch stays within
 target_ms * (1 + tail_tolerance). C = 0 means "not this step": a running prefill is
-skipped, and a waiting one stops admission, so waiting requests keep FCFS order. When
-nothing else is in the batch, the prefill gets next_chunk(H, R) whatever the budget
-(no stall). With no accepted latency model (profiling failed or was rejected), the
-hooks are off and vLLM's own loop schedules fixed chunks of max_num_batched_tokens.
+skipped, and a waiting one stops admission, so waiting requests keep FCFS order. The
+step's first prefill gets at least min(floor, R) whatever the budget, where floor is
+min_chunk aligned: prefills never starve behind decodes, and at long histories the floor
+wins over the target (the predictor's rule; the batch then exceeds target_ms). When
+nothing else is in the batch, the prefill gets next_chunk(H, R). With no accepted
+latency model (profiling failed or was rejected), the hooks are off and vLLM's own loop schedules fixed chunks of max_num_batched_tokens.
 
 Timing: the scheduler marks a step for timing (``scheduler_output.cpp_time_step``)
 only if it holds a prefill chunk, and then every such step until ``max_fit_chunk``
@@ -174,8 +176,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
             and self._step_used_ms + predictor.request_ms(remaining_tokens, history_tokens) <= predictor.tail_limit_ms
         ):
             chunk = remaining_tokens  # merge the tail: no tiny last chunk costing a pipeline round
-        if chunk <= 0 and not self._step_pairs and not self._step_reserved_ms:
-            chunk = wanted  # nothing else in this batch: never stall
+        if not self._step_prefills:
+            # The step's first prefill always advances by at least the floor (min_chunk, or
+            # its whole tail), even when decodes fill the budget: no prefill starves behind
+            # decodes, and min_chunk means what it says at long histories.
+            chunk = max(chunk, min(wanted, predictor.floor_tokens))
+            if not self._step_pairs and not self._step_reserved_ms:
+                chunk = max(chunk, wanted)  # nothing else in this batch: the predictor's own chunk
         return min(chunk, num_new_tokens)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:

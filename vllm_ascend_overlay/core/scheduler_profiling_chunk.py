@@ -24,7 +24,8 @@ step's first prefill gets at least min(floor, R) whatever the budget, where floo
 min_chunk aligned: prefills never starve behind decodes, and at long histories the floor
 wins over the target (the predictor's rule; the batch then exceeds target_ms). When
 nothing else is in the batch, the prefill gets next_chunk(H, R). With no accepted
-latency model (profiling failed or was rejected), the hooks are off and vLLM's own loop schedules fixed chunks of max_num_batched_tokens.
+latency model (profiling failed or was rejected), the hooks are off and vLLM's own
+loop schedules fixed chunks of max_num_batched_tokens.
 
 Timing: the scheduler marks a step for timing (``scheduler_output.cpp_time_step``)
 only if it holds a prefill chunk, and then every such step until ``max_fit_chunk``

@@ -153,9 +153,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         capturing = getattr(ctx, "capturing", False) or (getattr(ctx, "additional_kwargs", None) or {}).get(
             "capturing", False
         )  # vllm-ascend's model runner v1 / v2
-        eager = (
-            ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE and not capturing and not torch.compiler.is_compiling()
-        )
+        eager = ctx.cudagraph_runtime_mode == CUDAGraphMode.NONE and not capturing and not torch.compiler.is_compiling()
         decision = decide(
             self.dual_stream_config,
             ctx.attn_metadata,

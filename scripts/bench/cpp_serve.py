@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # serve_ab, also when loaded by file path
+import serve_ab  # noqa: E402
 
 METRICS = (("Mean TTFT (ms)", "mean_ttft_ms"), ("Median TTFT (ms)", "median_ttft_ms"), ("P99 TTFT (ms)", "p99_ttft_ms"))
 VARIANTS = ("fixed", "cpp")
@@ -91,7 +89,7 @@ def additional_config(args: argparse.Namespace, variant: str) -> dict:
 
 
 def serve_command(args: argparse.Namespace, variant: str) -> list[str]:
-    command = [
+    return [
         args.vllm,
         "serve",
         args.model,
@@ -111,10 +109,8 @@ def serve_command(args: argparse.Namespace, variant: str) -> list[str]:
         "--no-enable-prefix-caching",  # random prompts; keep both runs free of cache effects
         "--additional-config",
         json.dumps(additional_config(args, variant), sort_keys=True),
+        *serve_ab.split_serve_args(args.serve_arg),
     ]
-    for extra in args.serve_arg:
-        command += shlex.split(extra)
-    return command
 
 
 def result_file(args: argparse.Namespace, variant: str) -> Path:
@@ -122,44 +118,9 @@ def result_file(args: argparse.Namespace, variant: str) -> Path:
 
 
 def bench_command(args: argparse.Namespace, variant: str) -> list[str]:
-    result = result_file(args, variant)
-    return [
-        args.vllm,
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--model",
-        args.model,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--random-range-ratio",
-        "0",
-        "--num-prompts",
-        str(args.num_prompts),
-        "--request-rate",
-        args.request_rate,
-        "--seed",
-        str(args.seed),
-        "--ignore-eos",
-        "--percentile-metrics",
-        "ttft",
-        "--metric-percentiles",
-        "50,99",
-        "--save-result",
-        "--result-dir",
-        str(result.parent),
-        "--result-filename",
-        result.name,
-    ]
+    return serve_ab.bench_serve_command(
+        args, result_file(args, variant), percentile_metrics="ttft", extra_flags=("--random-range-ratio", "0")
+    )
 
 
 def comparison_table(fixed: dict, cpp: dict) -> str:
@@ -171,49 +132,16 @@ def comparison_table(fixed: dict, cpp: dict) -> str:
     return "\n".join(rows)
 
 
-def _wait_ready(args: argparse.Namespace, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + args.ready_timeout_s
-    url = f"http://{args.host}:{args.port}/health"
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with code {server.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(5)
-    raise TimeoutError(f"vllm serve not ready after {args.ready_timeout_s} s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    if server.poll() is None:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-
-
 def run_variant(args: argparse.Namespace, variant: str) -> dict:
-    server = subprocess.Popen(serve_command(args, variant))
-    try:
-        _wait_ready(args, server)
-        subprocess.run(bench_command(args, variant), check=True)
-    finally:
-        _stop(server)
-    return json.loads(result_file(args, variant).read_text())
+    return serve_ab.serve_and_bench(
+        args, serve_command(args, variant), bench_command(args, variant), result_file(args, variant), signal.SIGINT
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
-        for variant in VARIANTS:
-            print(f"# {variant}")
-            print(shlex.join(serve_command(args, variant)))
-            print(shlex.join(bench_command(args, variant)))
+        serve_ab.print_dry_run((v, serve_command(args, v), bench_command(args, v)) for v in VARIANTS)
         return 0
     args.result_dir.mkdir(parents=True, exist_ok=True)
     results = {variant: run_variant(args, variant) for variant in VARIANTS}

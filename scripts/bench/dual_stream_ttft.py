@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent))  # serve_ab, also when loaded by file path
+import serve_ab  # noqa: E402
 
 METRICS = (
     ("Mean TTFT (ms)", "mean_ttft_ms"),
@@ -123,7 +120,7 @@ def serve_command(args: argparse.Namespace, variant: Variant) -> list[str]:
         str(args.port),
         "--additional-config",
         json.dumps(additional_config(args, variant), separators=(",", ":")),
-        *[part for extra in args.serve_arg for part in shlex.split(extra)],
+        *serve_ab.split_serve_args(args.serve_arg),
     ]
 
 
@@ -132,42 +129,7 @@ def result_path(args: argparse.Namespace, variant: Variant) -> Path:
 
 
 def bench_command(args: argparse.Namespace, variant: Variant) -> list[str]:
-    path = result_path(args, variant)
-    return [
-        args.vllm,
-        "bench",
-        "serve",
-        "--backend",
-        "vllm",
-        "--model",
-        args.model,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--dataset-name",
-        "random",
-        "--random-input-len",
-        str(args.input_len),
-        "--random-output-len",
-        str(args.output_len),
-        "--num-prompts",
-        str(args.num_prompts),
-        "--request-rate",
-        str(args.request_rate),
-        "--ignore-eos",
-        "--seed",
-        str(args.seed),
-        "--percentile-metrics",
-        "ttft,tpot",
-        "--metric-percentiles",
-        "50,99",
-        "--save-result",
-        "--result-dir",
-        str(path.parent),
-        "--result-filename",
-        path.name,
-    ]
+    return serve_ab.bench_serve_command(args, result_path(args, variant), percentile_metrics="ttft,tpot")
 
 
 def change_percent(single: float, dual: float) -> float:
@@ -184,50 +146,16 @@ def comparison_table(single: dict, dual: dict) -> str:
     return "\n".join(rows)
 
 
-def _wait_ready(args: argparse.Namespace, server: subprocess.Popen) -> None:
-    url = f"http://{args.host}:{args.port}/health"
-    deadline = time.monotonic() + args.ready_timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"vllm serve exited with code {server.returncode} before it was ready")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(5)
-    raise TimeoutError(f"{url} not ready after {args.ready_timeout_s} s")
-
-
-def _stop(server: subprocess.Popen) -> None:
-    if server.poll() is not None:
-        return
-    os.killpg(server.pid, signal.SIGTERM)  # the server's own session: vllm serve and its workers
-    try:
-        server.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(server.pid, signal.SIGKILL)
-        server.wait()
-
-
 def run_variant(args: argparse.Namespace, variant: Variant) -> dict:
-    server = subprocess.Popen(serve_command(args, variant), start_new_session=True)
-    try:
-        _wait_ready(args, server)
-        subprocess.run(bench_command(args, variant), check=True)
-    finally:
-        _stop(server)
-    return json.loads(result_path(args, variant).read_text())
+    return serve_ab.serve_and_bench(
+        args, serve_command(args, variant), bench_command(args, variant), result_path(args, variant), signal.SIGTERM
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
-        for variant in VARIANTS:
-            print(f"# {variant.label}")
-            print(shlex.join(serve_command(args, variant)))
-            print(shlex.join(bench_command(args, variant)))
+        serve_ab.print_dry_run((v.label, serve_command(args, v), bench_command(args, v)) for v in VARIANTS)
         return 0
     args.result_dir.mkdir(parents=True, exist_ok=True)
     results = {variant.name: run_variant(args, variant) for variant in VARIANTS}

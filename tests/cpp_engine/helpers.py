@@ -7,6 +7,8 @@ Public entry points:
   ``vllm_ascend.patch.platform`` (NPU-only) is not imported.
 - ``make_vllm_config(model_dir, ...)``: a ``VllmConfig`` for a tiny local model.
 - ``make_scheduler(scheduler_cls=None, ...)``: a scheduler over a one-group KV cache.
+  Both are the pipeline twin's factories (``vllm_ascend_patchset.twin.engine``) with
+  these tests' defaults.
 - ``profiling_chunk_scheduler_class()``: our CPP scheduler class from the assembled tree.
 - ``make_request(...)``, ``model_output(...)``, ``run_to_completion(...)``.
 
@@ -15,32 +17,23 @@ Importing this module imports vLLM (a few seconds), with the NPU stubs set aside
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import npu_stubs
+from vllm_ascend_patchset.twin import engine as twin_engine
+from vllm_ascend_patchset.twin import stubs as twin_stubs
 
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"
-EOS_TOKEN_ID = 0
+EOS_TOKEN_ID = twin_engine.EOS_TOKEN_ID
+MAX_POSITION_EMBEDDINGS = 32768
 
 
 def import_vllm() -> None:
-    """Import vLLM's config and scheduler with the NPU stubs out of the way.
-
-    transformers probes ``importlib.util.find_spec("torch_npu")``, which raises on a
-    stub module without a spec; vLLM itself needs no NPU module.
-    """
-    saved = {name: sys.modules.pop(name) for name in npu_stubs.STUBBED if name in sys.modules}
-    try:
-        import vllm.config  # noqa: F401
-        import vllm.v1.core.sched.scheduler  # noqa: F401
-        import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
-    finally:
-        sys.modules.update(saved)
+    """Import vLLM's config and scheduler with the NPU stubs out of the way (see the twin's stubs)."""
+    twin_stubs.import_vllm(set_aside=npu_stubs.STUBBED)
 
 
 def load_balance_module(tree: Path | None = None):
@@ -52,12 +45,7 @@ def load_balance_module(tree: Path | None = None):
         import vllm_ascend
 
         tree = Path(vllm_ascend.__file__).resolve().parents[1]
-    path = Path(tree) / "vllm_ascend" / "patch" / "platform" / "patch_balance_schedule.py"
-    spec = importlib.util.spec_from_file_location(BALANCE_MODULE, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[BALANCE_MODULE] = module
-    spec.loader.exec_module(module)
-    return module
+    return twin_stubs.load_module_from_tree(Path(tree), BALANCE_MODULE, reuse=False)
 
 
 def profiling_chunk_scheduler_class() -> type:
@@ -68,28 +56,6 @@ def profiling_chunk_scheduler_class() -> type:
     return ProfilingChunkScheduler
 
 
-TINY_MODEL_CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 1024,
-    "max_position_embeddings": 32768,
-    "rms_norm_eps": 1e-5,
-    "torch_dtype": "float16",
-    "eos_token_id": EOS_TOKEN_ID,
-}
-
-
-def write_tiny_model(model_dir: Path) -> Path:
-    model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(TINY_MODEL_CONFIG))
-    return model_dir
-
-
 def make_vllm_config(
     model_dir: Path,
     *,
@@ -97,54 +63,21 @@ def make_vllm_config(
     max_num_seqs: int = 16,
     max_model_len: int = 8192,
     block_size: int = 16,
-    enable_prefix_caching: bool = True,
-    long_prefill_token_threshold: int = 0,
     pipeline_parallel_size: int = 1,
-    policy: str = "fcfs",
-    additional_config: dict | None = None,
+    **config_kwargs: Any,
 ):
+    """The twin's ``make_vllm_config`` with these tests' defaults (vLLM picks async scheduling)."""
     import_vllm()
-    from vllm.config import (
-        CacheConfig,
-        DeviceConfig,
-        ModelConfig,
-        ParallelConfig,
-        SchedulerConfig,
-        VllmConfig,
-    )
-
-    write_tiny_model(Path(model_dir))
-    model_config = ModelConfig(
-        model=str(model_dir),
-        tokenizer=str(model_dir),
-        skip_tokenizer_init=True,
-        max_model_len=max_model_len,
-        dtype="float16",
-        seed=0,
-    )
-    scheduler_config = SchedulerConfig(
-        max_num_seqs=max_num_seqs,
+    config_kwargs.setdefault("max_position_embeddings", MAX_POSITION_EMBEDDINGS)
+    config_kwargs.setdefault("async_scheduling", None)
+    return twin_engine.make_vllm_config(
+        model_dir=Path(model_dir),
         max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
         max_model_len=max_model_len,
-        enable_chunked_prefill=True,
-        long_prefill_token_threshold=long_prefill_token_threshold,
-        policy=policy,
-        is_encoder_decoder=False,
-    )
-    cache_config = CacheConfig(
         block_size=block_size,
-        gpu_memory_utilization=0.9,
-        cache_dtype="auto",
-        enable_prefix_caching=enable_prefix_caching,
-    )
-    parallel_config = ParallelConfig(pipeline_parallel_size=pipeline_parallel_size)
-    return VllmConfig(
-        model_config=model_config,
-        cache_config=cache_config,
-        scheduler_config=scheduler_config,
-        parallel_config=parallel_config,
-        device_config=DeviceConfig(device="cpu"),
-        additional_config=additional_config or {},
+        num_stages=pipeline_parallel_size,
+        **config_kwargs,
     )
 
 
@@ -162,34 +95,12 @@ def make_scheduler(
     """
     import_vllm()
     import torch
-    from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
     if vllm_config is None:
         vllm_config = make_vllm_config(model_dir, **config_kwargs)
     if scheduler_cls is None:
         scheduler_cls = load_balance_module().BalanceScheduler
-    block_size = vllm_config.cache_config.block_size
-    vllm_config.cache_config.num_gpu_blocks = num_blocks
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"],
-                FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32),
-            )
-        ],
-    )
-    register_all_kvcache_specs(vllm_config)
-    return scheduler_cls(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache_config,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=block_size,
-        log_stats=False,
-    )
+    return twin_engine.make_scheduler(scheduler_cls, vllm_config, num_blocks, kv_dtype=torch.float32)
 
 
 _HASHER: dict[int, Callable] = {}

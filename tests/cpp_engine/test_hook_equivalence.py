@@ -34,7 +34,7 @@ def _pristine_root() -> Path:
 def pristine_records(tmp_path_factory) -> dict:
     model_dir = tmp_path_factory.mktemp("tiny-model")
     env = dict(os.environ, VLLM_PLUGINS="", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(HERE)])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(HERE), str(ROOT / "scripts")])  # helpers use the twin
     proc = subprocess.run(
         [sys.executable, str(HERE / "record_schedule.py"), str(_pristine_root()), str(model_dir)],
         capture_output=True,

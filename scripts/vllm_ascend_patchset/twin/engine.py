@@ -4,8 +4,10 @@ Runs inside a policy's subprocess, after ``policies`` has put the right vllm_asc
 first on ``sys.path`` and installed the NPU stubs. Nothing here is imported by the
 parent process, so the parent never imports vLLM.
 
-- ``make_scheduler``: a ``VllmConfig`` for a tiny local model (no hub access), one
-  full-attention KV group big enough for the workload, and the scheduler class asked for.
+- ``make_vllm_config`` / ``make_scheduler``: a CPU ``VllmConfig`` for a tiny local model
+  (no hub access) and a scheduler of the class asked for over one full-attention KV group
+  (``kv_blocks_for`` sizes it for a workload). The CPP engine tests build theirs here too
+  (tests/cpp_engine/helpers.py), with their own defaults.
 - ``SurfaceExecutor``: the model executor as the scheduler sees it at start-up; answers
   ``collective_rpc("profile_prefill_latency", args=(chunk_tokens[, history_tokens]))``
   from the surface: each worker returns its own stage's compute time (one list entry
@@ -32,6 +34,8 @@ from .workloads import Workload, prompt_token_ids
 
 SAMPLED_TOKEN_ID = 7
 BLOCK_TOKENS = 128
+TINY_MODEL_MAX_POSITIONS = 1 << 21
+EOS_TOKEN_ID = 0
 
 TINY_MODEL = {
     "architectures": ["LlamaForCausalLM"],
@@ -42,38 +46,69 @@ TINY_MODEL = {
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
     "vocab_size": 1024,
-    "max_position_embeddings": 1 << 21,
+    "max_position_embeddings": TINY_MODEL_MAX_POSITIONS,
     "rms_norm_eps": 1e-5,
     "torch_dtype": "float16",
-    "eos_token_id": 0,
+    "eos_token_id": EOS_TOKEN_ID,
 }
 
-_MODEL_DIR: Path | None = None
+
+def write_tiny_model(
+    model_dir: Path, *, max_position_embeddings: int = TINY_MODEL_MAX_POSITIONS, eos_token_id: int = EOS_TOKEN_ID
+) -> Path:
+    """``model_dir/config.json`` of ``TINY_MODEL`` (config only: no weights, no hub access)."""
+    model_dir = Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = dict(TINY_MODEL, max_position_embeddings=max_position_embeddings, eos_token_id=eos_token_id)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
 
 
-def tiny_model_dir() -> Path:
-    global _MODEL_DIR
-    if _MODEL_DIR is None:
-        _MODEL_DIR = Path(tempfile.mkdtemp(prefix="cpp-twin-model-"))
-        (_MODEL_DIR / "config.json").write_text(json.dumps(TINY_MODEL))
-    return _MODEL_DIR
+_MODEL_DIRS: dict[tuple[int, int], Path] = {}
+
+
+def tiny_model_dir(
+    *, max_position_embeddings: int = TINY_MODEL_MAX_POSITIONS, eos_token_id: int = EOS_TOKEN_ID
+) -> Path:
+    """A temporary tiny model, written once per process and shape."""
+    key = (max_position_embeddings, eos_token_id)
+    if key not in _MODEL_DIRS:
+        _MODEL_DIRS[key] = write_tiny_model(
+            Path(tempfile.mkdtemp(prefix="cpp-twin-model-")),
+            max_position_embeddings=max_position_embeddings,
+            eos_token_id=eos_token_id,
+        )
+    return _MODEL_DIRS[key]
 
 
 def make_vllm_config(
     *,
     max_num_batched_tokens: int,
-    num_stages: int,
     max_model_len: int,
+    num_stages: int = 1,
+    model_dir: Path | None = None,
+    max_position_embeddings: int = TINY_MODEL_MAX_POSITIONS,
+    eos_token_id: int = EOS_TOKEN_ID,
     max_num_seqs: int = 64,
+    block_size: int = BLOCK_TOKENS,
     enable_prefix_caching: bool = True,
-    async_scheduling: bool = False,
+    long_prefill_token_threshold: int = 0,
+    policy: str = "fcfs",
+    async_scheduling: bool | None = False,
     additional_config: dict | None = None,
 ):
+    """A CPU ``VllmConfig`` for the tiny model, chunked prefill on, ``num_stages`` PP stages.
+
+    ``model_dir``: where the model's config.json is written (default: a temporary
+    directory per process). ``async_scheduling=None`` leaves the choice to vLLM.
+    """
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
+    shape = {"max_position_embeddings": max_position_embeddings, "eos_token_id": eos_token_id}
+    model_dir = tiny_model_dir(**shape) if model_dir is None else write_tiny_model(model_dir, **shape)
     model_config = ModelConfig(
-        model=str(tiny_model_dir()),
-        tokenizer=str(tiny_model_dir()),
+        model=str(model_dir),
+        tokenizer=str(model_dir),
         skip_tokenizer_init=True,
         max_model_len=max_model_len,
         dtype="float16",
@@ -84,10 +119,12 @@ def make_vllm_config(
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
         enable_chunked_prefill=True,
+        long_prefill_token_threshold=long_prefill_token_threshold,
+        policy=policy,
         async_scheduling=async_scheduling,
         is_encoder_decoder=False,
     )
-    cache_config = CacheConfig(block_size=BLOCK_TOKENS, enable_prefix_caching=enable_prefix_caching)
+    cache_config = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     return VllmConfig(
         model_config=model_config,
         cache_config=cache_config,
@@ -103,28 +140,30 @@ def kv_blocks_for(workload: Workload) -> int:
     return sum(-(-(r.prompt_tokens + r.max_output_tokens) // BLOCK_TOKENS) + 1 for r in workload.requests) + 64
 
 
-def make_scheduler(scheduler_cls: type, vllm_config: Any, num_blocks: int):
+def make_scheduler(scheduler_cls: type, vllm_config: Any, num_blocks: int, *, kv_dtype: Any = None):
+    """A ``scheduler_cls`` over ``num_blocks`` blocks of one full-attention KV group.
+
+    The block size is the config's; ``kv_dtype`` (default float16) is the KV spec's dtype.
+    """
     import torch
     from vllm.v1.core.single_type_kv_cache_manager import register_all_kvcache_specs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    block_size = vllm_config.cache_config.block_size
     vllm_config.cache_config.num_gpu_blocks = num_blocks
+    spec = FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float16 if kv_dtype is None else kv_dtype
+    )
     kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[
-            KVCacheGroupSpec(
-                ["layer"], FullAttentionSpec(block_size=BLOCK_TOKENS, num_kv_heads=1, head_size=1, dtype=torch.float16)
-            )
-        ],
+        num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)]
     )
     register_all_kvcache_specs(vllm_config)
     return scheduler_cls(
         vllm_config=vllm_config,
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=BLOCK_TOKENS,
+        block_size=block_size,
         log_stats=False,
     )
 

@@ -3,6 +3,10 @@
 torch_npu cannot load without CANN; the twin only needs vllm_ascend's scheduler code,
 which imports these modules at import time but never calls them. A stand-in is
 installed only for a module that is not importable for real.
+
+Also here, shared with the CPP engine tests: ``import_vllm`` (vLLM's config and
+scheduler modules, with given stand-ins set aside meanwhile) and
+``load_module_from_tree`` (one module of a vllm_ascend tree without its package).
 """
 
 from __future__ import annotations
@@ -11,9 +15,12 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Iterable
+from pathlib import Path
 from unittest import mock
 
 NPU_ONLY_MODULES = ("torch_npu", "torch_npu._C", "torch_npu.npu", "acl", "mooncake", "mooncake.engine")
+VLLM_MODULES = ("vllm.config", "vllm.v1.core.sched.scheduler", "vllm.v1.core.single_type_kv_cache_manager")
 
 
 def _importable(name: str) -> bool:
@@ -42,3 +49,34 @@ def install_npu_stubs() -> list[str]:
         sys.modules[name] = module
         installed.append(name)
     return installed
+
+
+def import_vllm(set_aside: Iterable[str] = ()) -> None:
+    """Import vLLM's config and scheduler modules, the modules named in ``set_aside`` out of the way.
+
+    Those are taken out of ``sys.modules`` for the import and put back after: transformers
+    probes ``importlib.util.find_spec("torch_npu")``, which raises on a stand-in without
+    a spec; vLLM itself needs no NPU module.
+    """
+    saved = {name: sys.modules.pop(name) for name in set_aside if name in sys.modules}
+    try:
+        for name in VLLM_MODULES:
+            importlib.import_module(name)
+    finally:
+        sys.modules.update(saved)
+
+
+def load_module_from_tree(tree: Path, name: str, *, reuse: bool = True):
+    """Module ``name`` from the vllm_ascend tree ``tree``, without importing its (NPU-only) package siblings.
+
+    With ``reuse`` a module already in ``sys.modules`` is returned as it is; without, the
+    file is loaded again and replaces it.
+    """
+    if reuse and name in sys.modules:
+        return sys.modules[name]
+    path = Path(tree) / (name.replace(".", "/") + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

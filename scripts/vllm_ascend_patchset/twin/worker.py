@@ -13,7 +13,6 @@ only as ``vllm_ascend.core.scheduler_profiling_chunk``.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import sys
 import time
@@ -21,28 +20,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .stubs import install_npu_stubs, set_cpu_environment
+from .stubs import import_vllm, install_npu_stubs, load_module_from_tree, set_cpu_environment
 
 UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop
-
-
-def _load_module_from_tree(tree: Path, name: str):
-    """One module of a vllm_ascend tree, without importing its (NPU-only) package siblings."""
-    if name in sys.modules:
-        return sys.modules[name]
-    path = tree / (name.replace(".", "/") + ".py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _import_vllm() -> None:
-    import vllm.config  # noqa: F401
-    import vllm.v1.core.sched.scheduler  # noqa: F401
-    import vllm.v1.core.single_type_kv_cache_manager  # noqa: F401
 
 
 def _upstream_timed(scheduler_output: Any) -> bool:
@@ -117,7 +98,7 @@ class PolicyRunner:
             return Scheduler
         if kind in ("upstream", "ours"):
             if kind == "ours":
-                _load_module_from_tree(self.tree, BALANCE_MODULE)
+                load_module_from_tree(self.tree, BALANCE_MODULE)
             module = importlib.import_module("vllm_ascend.core.scheduler_profiling_chunk")
             if self.async_scheduling and hasattr(module, "AsyncProfilingChunkScheduler"):
                 return module.AsyncProfilingChunkScheduler  # ours: what cpp_config picks when async is on
@@ -130,7 +111,7 @@ class PolicyRunner:
         if kind == "upstream":
             # Upstream's engine patch: profile after init, then wrap update_from_output
             # (records execution_time_ms) and schedule (propagates timing-done).
-            timing = _load_module_from_tree(self.tree, UPSTREAM_TIMING_MODULE)
+            timing = load_module_from_tree(self.tree, UPSTREAM_TIMING_MODULE)
             scheduler.run_profiling_chunk_init(executor)
             timing._ensure_update_from_output_wrapped(scheduler)
             timing._ensure_schedule_wrapped(scheduler)
@@ -167,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = Path(job["tree"])
     set_cpu_environment()
     sys.path.insert(0, str(tree))
-    _import_vllm()
+    import_vllm()
     install_npu_stubs()
     cases = []
     for case in job["cases"]:

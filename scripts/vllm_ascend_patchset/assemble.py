@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .pin import ROOT, Pin, Target, cache_dir, fetch_wheel, sha256_of
-from .series import PACKAGE, OverlayFile, Patch, SeriesError, load_overlay, load_patches
+from .series import OVERLAY_DIR, PACKAGE, PATCH_DIR, OverlayFile, Patch, SeriesError, load_overlay, load_patches
 
 BUILD_DIR = ROOT / "build"
 
@@ -131,14 +131,12 @@ def assemble(
     out_dir: Path | None = None,
     patch_dir: Path | None = None,
     overlay_dir: Path | None = None,
-    apply_overlay: bool = True,
 ) -> Assembly:
     pin = pin or Pin.load()
     target = target or Target.host()
     wheel = wheel or fetch_wheel(pin, target)
-    kwargs = {"patch_dir": patch_dir} if patch_dir else {}
-    patches = load_patches(**kwargs)
-    overlay = load_overlay(**kwargs, **({"overlay_dir": overlay_dir} if overlay_dir else {})) if apply_overlay else []
+    patches = load_patches(patch_dir or PATCH_DIR)
+    overlay = load_overlay(patch_dir or PATCH_DIR, overlay_dir or OVERLAY_DIR)
     pristine = pristine_tree(wheel)
     out = out_dir or BUILD_DIR / target.name
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ upstream file, so nothing shadows upstream by accident.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .pin import ROOT
@@ -65,7 +65,6 @@ class OverlayFile:
     relpath: str  # relative to vllm_ascend/
     feature: str
     replaces: bool
-    description: str = field(default="")
 
     @property
     def source(self) -> Path:

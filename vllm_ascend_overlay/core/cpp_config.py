@@ -59,7 +59,9 @@ class CppConfig:
     profile_repeats: int = 3
     profile_history_points: int = 4
     timing_every: int = 16
-    tail_tolerance: float = 0.15
+    tail_tolerance: float = 0.0
+    calibration_window: int = 30
+    max_batch_ms: float | None = None
 
     @property
     def cache_path(self) -> str | None:
@@ -137,7 +139,12 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
     values["profile_repeats"] = _as_int("profile_repeats", raw.get("profile_repeats", 3), 1, 16)
     values["profile_history_points"] = _as_int("profile_history_points", raw.get("profile_history_points", 4), 0, 64)
     values["timing_every"] = _as_int("timing_every", raw.get("timing_every", 16), 1, 1_000_000)
-    values["tail_tolerance"] = _as_float("tail_tolerance", raw.get("tail_tolerance", 0.15), 0.0, 1.0, low_open=False)
+    values["tail_tolerance"] = _as_float("tail_tolerance", raw.get("tail_tolerance", 0.0), 0.0, 1.0, low_open=False)
+    values["calibration_window"] = _as_int("calibration_window", raw.get("calibration_window", 30), 8, 4096)
+    max_batch_ms = raw.get("max_batch_ms")
+    if max_batch_ms is not None:
+        max_batch_ms = _as_float("max_batch_ms", max_batch_ms, 0.0, 1e9, low_open=True)
+    values["max_batch_ms"] = max_batch_ms
     return CppConfig(**values)
 
 

@@ -1,24 +1,22 @@
 """Start-up profile for dynamic chunked pipeline parallelism: cached, or measured once.
 
-At engine start the scheduler needs a latency model (core/profiling_chunk_predictor.py).
-``initialise_profile`` gets one:
+``initialise_profile`` gives the scheduler a latency model (core/cpp_latency_model.py):
 
-1. A cached profile whose fingerprint (model, dtype, quantisation, TP/PP, token budget,
-   block size, versions, device) matches is adopted as is: no profiling pass at all.
-2. Otherwise the workers run real forward passes: ``warmup_runs`` runs first (dropped),
+1. A cached profile whose fingerprint matches (core/cpp_profile_store.py) is adopted
+   when its samples pass the same acceptance as a fresh profile: no profiling run.
+2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
    then ``profile_points`` chunk sizes from the base chunk down towards 0, each
    ``profile_repeats`` times (the fit keeps the median), then ``profile_history_points``
-   chunks whose sequences carry H cached tokens, H spread up to what the context and
-   the KV cache allow, so the C*H term is measured rather than extrapolated.
+   history values, each with two chunk sizes, whose sequences carry H cached tokens, H
+   spread up to what the context and the KV cache allow, so the C*H term is measured
+   rather than extrapolated.
 3. Each sample is the slowest worker's time. Under pipeline parallelism every stage
-   runs its own part of the model on dummy inputs and times only its own compute;
-   the slowest stage sets the pipeline's pace, so that is the time a chunk costs the
-   pipeline. (The seed design used PP rank 0 and upstream the last rank; either one
-   under-estimates when the layers are not split evenly or the last stage also runs
-   the LM head.)
-4. The fit is saved to the cache for the next start.
+   runs its own layers on dummy inputs and times only its own compute; the slowest
+   stage sets the pipeline's pace, so that is what a chunk costs the pipeline. Timed
+   steps report the same quantity (worker/cpp_timing.py).
+4. The accepted fit is saved for the next start.
 
-Any exception (a worker failing, a timeout, a fit the model rejects) ends in one
+Any exception (a worker failing, a timeout, a fit that is not accepted) ends in one
 warning naming the cause and fixed chunking at the base chunk size for the rest of the
 run; serving goes on.
 
@@ -29,21 +27,17 @@ history_tokens))`` returns one latency in ms per worker (a list), or a single nu
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import json
-import logging
-import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
-try:
-    from vllm.logger import init_logger
+from vllm.logger import init_logger
 
-    logger = init_logger(__name__)
-except ImportError:  # pragma: no cover - only without vLLM
-    logger = logging.getLogger(__name__)
+from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS
+from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept
+from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
+
+logger = init_logger(__name__)
 
 PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
@@ -63,8 +57,8 @@ def profile_plan(
 ) -> list[tuple[int, int]]:
     """(chunk_tokens, history_tokens) runs after the warm-up, in measurement order.
 
-    Sizes go from the base chunk down towards 0 in ``points`` even steps (the seed's
-    sampling); each is run ``repeats`` times in a row. History runs take H spread evenly
+    Sizes go from the base chunk down towards 0 in ``points`` even steps (as upstream
+    samples them); each is run ``repeats`` times in a row. History runs take H spread evenly
     up to ``max_history_tokens`` (rounded down to ``align``), each with two chunk sizes
     (a half and an eighth of the base chunk): with one size the history's own cost (c2*H)
     and the chunk's attention over it (c4*C*H) could not be told apart.
@@ -106,64 +100,6 @@ def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TI
     return measure
 
 
-def fingerprint_for(vllm_config: Any) -> dict:
-    """What a cached profile must match: model, precision, parallelism, budget, versions, device."""
-    from vllm_ascend.core.profiling_chunk_predictor import make_fingerprint
-
-    model_config = vllm_config.model_config
-    parallel = vllm_config.parallel_config
-    try:
-        import vllm
-
-        vllm_version = vllm.__version__
-    except Exception:  # pragma: no cover - vLLM is always there in the engine
-        vllm_version = "unknown"
-    try:
-        from vllm_ascend import patchset
-
-        ascend_version = patchset.PATCHSET_VERSION
-    except Exception:
-        ascend_version = "unknown"
-    device_name, cann_version = _device_identity()
-    return make_fingerprint(
-        model=str(model_config.model),
-        dtype=str(model_config.dtype),
-        quantization=getattr(model_config, "quantization", None),
-        tensor_parallel_size=parallel.tensor_parallel_size,
-        pipeline_parallel_size=parallel.pipeline_parallel_size,
-        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-        block_size=vllm_config.cache_config.block_size,
-        vllm_version=vllm_version,
-        vllm_ascend_version=ascend_version,
-        device_name=device_name,
-        cann_version=cann_version,
-    )
-
-
-def _device_identity() -> tuple[str, str | None]:
-    """Device kind and CANN install, read without touching the NPU from the engine-core process.
-
-    The SoC comes from the wheel's build info; the CANN version from the real path of the
-    toolkit folder (``.../ascend-toolkit/8.x.y`` behind a ``latest`` link).
-    """
-    device_name = "unknown"
-    try:
-        from vllm_ascend import _build_info  # type: ignore[attr-defined]
-        from vllm_ascend.utils import get_ascend_device_type
-
-        soc = getattr(_build_info, "__soc_version__", None)
-        device_name = f"{get_ascend_device_type().name}/{soc}" if soc else get_ascend_device_type().name
-    except Exception:
-        pass
-    toolkit = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
-    return device_name, os.path.realpath(toolkit) if toolkit else None
-
-
-def cache_file(cache_dir: str, fingerprint: dict) -> Path:
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cache_dir) / f"cpp-profile-{digest}.json"
-
-
 def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup: tuple[int, int]) -> list:
     """Warm-up runs (dropped), then every planned run as (chunk_tokens, history_tokens, latency_ms)."""
     for _ in range(WARMUP_RUNS):
@@ -172,52 +108,62 @@ def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup:
 
 
 def initialise_profile(
-    manager: Any,
     config: Any,
     *,
+    fingerprint: dict,
+    base_chunk_tokens: int,
     measure: MeasureFn | None,
     max_history_tokens: int,
-    align: int,
-) -> str | None:
-    """Give ``manager`` an accepted latency model; returns where it came from, or None (fixed chunking).
+    max_chunk_tokens: int,
+) -> tuple[LatencyModel | None, list, str | None]:
+    """An accepted latency model, its samples and where it came from; (None, [], None) keeps fixed chunking.
 
-    ``config`` is the CppConfig; ``manager`` a ProfilingChunkManager constructed with
-    ``warmup_samples=0`` (the warm-up runs are dropped here).
+    ``config`` is the CppConfig. A cached profile is adopted only if its samples pass
+    ``accept`` here and now, over the history range this engine will use.
     """
-    path = cache_file(config.cache_path, manager.fingerprint) if config.cache_path else None
-    if path is not None and manager.load_cached(path):
-        return f"cache {path}"
+    path = cache_file(config.cache_path, fingerprint) if config.cache_path else None
+    domain = {"max_chunk_tokens": max_chunk_tokens, "max_history_tokens": max_history_tokens}
+    if path is not None:
+        try:
+            cached = load_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens)
+            if cached is not None:
+                return accept(cached, **domain), cached, f"cache {path}"
+        except (ProfileCacheError, FitError) as error:
+            logger.warning("[CPP] ignoring cached profile %s (%s); profiling again", path, error)
     if measure is None:
-        logger.warning("[CPP] no model executor to profile with; fixed chunking at %d tokens", manager.base_chunk_size)
-        return None
+        logger.warning("[CPP] no model executor to profile with; fixed chunking at %d tokens", base_chunk_tokens)
+        return None, [], None
     plan = profile_plan(
-        base_chunk_size=manager.base_chunk_size,
+        base_chunk_size=base_chunk_tokens,
         points=config.profile_points,
         repeats=config.profile_repeats,
         history_points=config.profile_history_points,
         max_history_tokens=max_history_tokens,
-        align=align,
+        align=ALIGN_TOKENS,
     )
     try:
-        samples = collect_samples(measure, plan, warmup=(manager.base_chunk_size, 0))
+        samples = collect_samples(measure, plan, warmup=(base_chunk_tokens, 0))
     except Exception as error:  # a worker failed or timed out: degrade, never take the server down
         logger.warning(
             "[CPP] start-up profiling failed (%s: %s); fixed chunking at %d tokens for this run",
             type(error).__name__,
             error,
-            manager.base_chunk_size,
+            base_chunk_tokens,
         )
-        return None
-    if not manager.fit_profile(samples):
-        return None  # fit_profile warned once, naming the rule that rejected the fit
+        return None, [], None
+    try:
+        model = accept(samples, **domain)
+    except FitError as error:
+        logger.warning("[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens)
+        return None, [], None
     source = f"profiled ({len(plan)} runs after {WARMUP_RUNS} warm-up)"
     if path is not None:
         try:
-            manager.save(path)
+            save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, model=model, samples=samples)
             source += f", saved to {path}"
         except OSError as error:
             logger.warning("[CPP] could not save the profile to %s: %s", path, error)
-    return source
+    return model, samples, source
 
 
 def wrap_engine_core_init(engine_core_cls: type) -> bool:

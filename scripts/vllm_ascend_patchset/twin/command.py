@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import policies as pol
+from .optimum import Optimum, optimum
 from .report import Figures, figures_from_result, format_table
 from .surface import load_surface
 from .workloads import Workload, long_prompt, mixed
@@ -191,6 +192,17 @@ def summarize_case(
     return rows, tuned, upstream, notes
 
 
+def case_optimum(surface, setup: pol.Setup) -> Optimum | None:
+    """The least TTFT of a one-prompt case (twin/optimum.py); None for other workloads."""
+    requests = setup.workload.requests
+    if len(requests) != 1:
+        return None
+    shares = None
+    if setup.layers:
+        shares = [n / sum(setup.layers) for n in setup.layers]
+    return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -225,12 +237,26 @@ def _run(args: argparse.Namespace) -> int:
     dump = []
     for (setup, _), results in zip(cases, all_results, strict=True):
         rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted)
+        best = case_optimum(surface, setup)
         title = f"\n== {setup.workload.name}, P={setup.num_stages}, {len(setup.workload.requests)} request(s) =="
         show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
-        print(format_table(title, rows, tuned, upstream, show_tpot))
+        print(format_table(title, rows, tuned, upstream, show_tpot, best.lower_ms if best else None))
+        if best is not None:
+            print(
+                f"  optimum: {best.lower_ms / 1000:.3f} s ({len(best.chunks)} chunks, first {best.chunks[0]} tokens"
+                f"{', certified' if best.certified else ', best found'}); under the P-in-flight rule"
+                f" {best.in_flight_ms / 1000:.3f} s ({best.in_flight_ms / best.lower_ms:.3f}x)"
+            )
         for note in notes + case_notes:
             print(f"  note: {note}")
-        dump.append({"workload": setup.workload.name, "stages": setup.num_stages, "rows": [asdict(r) for r in rows]})
+        dump.append(
+            {
+                "workload": setup.workload.name,
+                "stages": setup.num_stages,
+                "rows": [{**asdict(r), "vs_optimum": r.ttft_mean_ms / best.lower_ms if best else None} for r in rows],
+                "optimum": best.to_json() if best else None,
+            }
+        )
         if args.plot:
             from .plot import plot_case
 

@@ -15,9 +15,9 @@ parent process, so the parent never imports vLLM.
 - ``VllmDriver``: the ``pipeline.Driver`` over a scheduler: admits requests at their
   arrival, turns each ``SchedulerOutput`` into chunks, and builds the
   ``ModelRunnerOutput`` when the batch leaves the last stage: one sampled token per
-  request whose chunk reached its last known token, and ``execution_time_ms`` = the last
-  stage's compute time (the output comes from the last PP rank) on the steps the
-  policy's timing rule says the model runner times.
+  request whose chunk reached its last known token, and ``execution_time_ms`` as the
+  policy's model runner reports it (``timed(output, stage_ms)``: the time, or None for an
+  untimed step).
 """
 
 from __future__ import annotations
@@ -203,7 +203,12 @@ class SurfaceExecutor:
 class VllmDriver:
     """``pipeline.Driver`` over a real scheduler object."""
 
-    def __init__(self, scheduler: Any, workload: Workload, timed: Callable[[Any], bool] | None = None) -> None:
+    def __init__(
+        self,
+        scheduler: Any,
+        workload: Workload,
+        timed: Callable[[Any, tuple[float, ...]], float | None] | None = None,
+    ) -> None:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
@@ -280,8 +285,9 @@ class VllmDriver:
             req_id_to_index={r: i for i, r in enumerate(req_ids)},
             sampled_token_ids=[[SAMPLED_TOKEN_ID] if c.samples else [] for c in record.chunks],
         )
-        if self.timed is not None and record.stage_end_ms and self.timed(handle):
-            output.execution_time_ms = record.stage_ms[-1]
+        measured_ms = self.timed(handle, record.stage_ms) if self.timed is not None and record.stage_end_ms else None
+        if measured_ms is not None:
+            output.execution_time_ms = measured_ms
         self.scheduler.update_from_output(handle, output)
         for chunk in record.chunks:
             # Count the tokens the scheduler kept (a token sampled after the request

@@ -12,7 +12,11 @@ Definitions (simulated clock, milliseconds):
 - stage-time spread: coefficient of variation (std/mean) of the per-batch stage time
   (mean over stages) over batches that carry prefill tokens.
 - chunks: prefill chunks scheduled (one request's share of one batch).
-- TPOT: per request with >= 2 output tokens, (last token - first token)/(tokens - 1).
+- TPOT: per request with >= 2 output tokens, (last token - first token)/(tokens - 1);
+  mean and P99 over requests. ITL P99: the 99th percentile of the gaps between
+  consecutive output tokens, over all requests.
+- vs optimum (one-prompt workloads): mean TTFT over the least TTFT any chunking of the
+  prompt can reach under the twin's cost model (twin/optimum.py).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Figures:
     num_batches: int
     tpot_mean_ms: float | None
     tpot_p99_ms: float | None
+    itl_p99_ms: float | None
     work_ms: float
     problems: tuple[str, ...] = ()
 
@@ -128,6 +133,7 @@ def compute_figures(
     first_tokens = [log.first_token_ms for log in requests if log.first_token_ms is not None]
     span_ms = (max(first_tokens) - min(log.arrival_ms for log in requests)) if first_tokens else 0.0
     tpot = [(log.token_ms[-1] - log.token_ms[0]) / (len(log.token_ms) - 1) for log in requests if len(log.token_ms) > 1]
+    itl = [float(gap) for log in requests for gap in np.diff(log.token_ms)]
     return Figures(
         name=name,
         ttft_mean_ms=float(np.mean(ttft)) if ttft else math.nan,
@@ -141,6 +147,7 @@ def compute_figures(
         num_batches=len(run),
         tpot_mean_ms=float(np.mean(tpot)) if tpot else None,
         tpot_p99_ms=_percentile(tpot, 99) if tpot else None,
+        itl_p99_ms=_percentile(itl, 99) if itl else None,
         work_ms=work_ms,
         problems=tuple(completeness_problems(requests, max_overshoot_tokens)),
     )
@@ -160,13 +167,23 @@ def _ratio(value: float, reference: Figures | None) -> str:
 
 
 def format_table(
-    title: str, rows: Sequence[Figures], tuned: Figures | None, upstream: Figures | None, show_tpot: bool
+    title: str,
+    rows: Sequence[Figures],
+    tuned: Figures | None,
+    upstream: Figures | None,
+    show_tpot: bool,
+    optimum_ms: float | None = None,
 ) -> str:
-    """One line per policy; ratios are mean TTFT over the reference's (< 1 is faster)."""
+    """One line per policy; ratios are mean TTFT over the reference's (< 1 is faster).
+
+    ``optimum_ms``: the least TTFT of the case (twin/optimum.py), for a "vs optimum" column.
+    """
     head = ["policy", "TTFT mean s", "P50 s", "P99 s", "prefill tok/s", "bubble %", "steady %", "CV", "chunks"]
     if show_tpot:
-        head += ["TPOT ms", "TPOT P99"]
+        head += ["TPOT ms", "TPOT P99", "ITL P99"]
     head += ["vs tuned", "vs upstream"]
+    if optimum_ms:
+        head += ["vs optimum"]
     lines = []
     for f in rows:
         line = [
@@ -182,10 +199,11 @@ def format_table(
         ]
         if show_tpot:
             line += [
-                "-" if f.tpot_mean_ms is None else f"{f.tpot_mean_ms:.1f}",
-                "-" if f.tpot_p99_ms is None else f"{f.tpot_p99_ms:.1f}",
+                "-" if value is None else f"{value:.1f}" for value in (f.tpot_mean_ms, f.tpot_p99_ms, f.itl_p99_ms)
             ]
         line += [_ratio(f.ttft_mean_ms, tuned), _ratio(f.ttft_mean_ms, upstream)]
+        if optimum_ms:
+            line += [f"{f.ttft_mean_ms / optimum_ms:.3f}"]
         lines.append(line)
     widths = [max(len(str(row[i])) for row in [head, *lines]) for i in range(len(head))]
 

@@ -12,8 +12,8 @@ so attention never crosses requests, and a batch of one request costs exactly it
     request_ms(C, H) = fixed_ms + token_ms * C + history_token_ms * H + attention_pair_ms * C * (C + H)
 
 Sources: ``QuadraticSurface`` (coefficients), ``GridSurface`` (a CSV of measured
-``chunk_tokens,history_tokens,ms``; bilinear inside the measured grid, the least-squares
-fit outside), or a profile JSON saved by the engine (``load_surface``).
+``chunk_tokens,history_tokens,ms``; bilinear inside the measured grid, continued
+outside it by the least-squares fit's growth, without a jump at the edge), or a profile JSON saved by the engine (``load_surface``).
 ``StageTimer`` splits a batch's time over P stages by layer share, with optional
 multiplicative noise, seeded so that runs repeat.
 """
@@ -38,6 +38,9 @@ class Surface(Protocol):
     fixed_ms: float
 
     def request_ms(self, chunk_tokens: int, history_tokens: int) -> float: ...
+
+    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        """``request_ms`` of many chunk sizes at one history (vectorised)."""
 
     def describe(self) -> str: ...
 
@@ -76,6 +79,9 @@ class QuadraticSurface:
             + chunk_tokens * (self.token_ms + self.self_pair_ms * chunk_tokens + self.history_pair_ms * history_tokens)
             + self.history_token_ms * history_tokens
         )
+
+    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        return self.request_ms(np.asarray(chunk_tokens, dtype=np.float64), float(history_tokens))
 
     @classmethod
     def fit(cls, points: Sequence[tuple[int, int, float]], name: str = "fitted") -> QuadraticSurface:
@@ -123,7 +129,7 @@ SYNTHETIC = QuadraticSurface(
 
 @dataclass(frozen=True)
 class GridSurface:
-    """Measured t(C, H) on a rectilinear grid; bilinear inside it, the fitted model outside."""
+    """Measured t(C, H) on a rectilinear grid; bilinear inside it, continued by the fit's growth outside."""
 
     chunk_axis: tuple[int, ...]
     history_axis: tuple[int, ...]
@@ -136,9 +142,57 @@ class GridSurface:
         return self.fit.fixed_ms
 
     def request_ms(self, chunk_tokens: int, history_tokens: int) -> float:
+        """Bilinear inside the grid; outside, the fit's growth from the nearest grid point.
+
+        Beyond the grid the variable part (time above ``fixed_ms``) of the nearest grid
+        point is scaled by the fit's ratio between the two points, so the surface is
+        continuous at the edge and never falls below the fixed cost.
+        """
         cs, hs = self.chunk_axis, self.history_axis
-        if not (cs[0] <= chunk_tokens <= cs[-1] and hs[0] <= history_tokens <= hs[-1]) or len(cs) < 2:
+        if len(cs) < 2:
             return self.fit.request_ms(chunk_tokens, history_tokens)
+        edge_c = min(max(chunk_tokens, cs[0]), cs[-1])
+        edge_h = min(max(history_tokens, hs[0]), hs[-1])
+        inside = self._bilinear(edge_c, edge_h)
+        if (edge_c, edge_h) == (chunk_tokens, history_tokens):
+            return inside
+        fixed = self.fixed_ms
+        edge_fit = self.fit.request_ms(edge_c, edge_h) - fixed
+        if edge_fit <= 0:
+            return max(inside, fixed) + self.fit.request_ms(chunk_tokens, history_tokens) - fixed
+        scale = (self.fit.request_ms(chunk_tokens, history_tokens) - fixed) / edge_fit
+        return fixed + max(inside - fixed, 0.0) * scale
+
+    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        chunks = np.asarray(chunk_tokens, dtype=np.float64)
+        cs, hs = np.array(self.chunk_axis, dtype=np.float64), np.array(self.history_axis, dtype=np.float64)
+        if len(cs) < 2:
+            return self.fit.request_ms_many(chunks, history_tokens)
+        grid = np.array(self.grid_ms, dtype=np.float64)
+        edge_c = np.clip(chunks, cs[0], cs[-1])
+        edge_h = float(min(max(history_tokens, hs[0]), hs[-1]))
+        i = np.clip(np.searchsorted(cs, edge_c, side="right") - 1, 0, len(cs) - 2)
+        wc = (edge_c - cs[i]) / (cs[i + 1] - cs[i])
+        if len(hs) == 1:
+            row0 = row1 = grid[0]
+            wh = 0.0
+        else:
+            j = min(max(int(np.searchsorted(hs, edge_h, side="right")) - 1, 0), len(hs) - 2)
+            wh = (edge_h - hs[j]) / (hs[j + 1] - hs[j])
+            row0, row1 = grid[j], grid[j + 1]
+        inside = (row0[i] * (1 - wc) + row0[i + 1] * wc) * (1 - wh) + (row1[i] * (1 - wc) + row1[i + 1] * wc) * wh
+        fixed = self.fixed_ms
+        edge_fit = self.fit.request_ms_many(edge_c, edge_h) - fixed
+        wanted_fit = self.fit.request_ms_many(chunks, history_tokens) - fixed
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scaled = fixed + np.maximum(inside - fixed, 0.0) * wanted_fit / edge_fit
+        shifted = np.maximum(inside, fixed) + wanted_fit
+        outside = np.where(edge_fit > 0, scaled, shifted)
+        at_edge = (edge_c == chunks) & (edge_h == history_tokens)
+        return np.where(at_edge, inside, outside)
+
+    def _bilinear(self, chunk_tokens: float, history_tokens: float) -> float:
+        cs, hs = self.chunk_axis, self.history_axis
         i = min(max(bisect.bisect_right(cs, chunk_tokens) - 1, 0), len(cs) - 2)
         if len(hs) == 1:
             j, wh = 0, 0.0

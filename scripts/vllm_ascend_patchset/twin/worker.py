@@ -26,14 +26,15 @@ UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop
 
 
-def _upstream_timed(scheduler_output: Any) -> bool:
-    """Upstream's model runner times every step until the engine patch flags calibration done."""
-    return not getattr(scheduler_output, "disable_profiling_timing", False)
+def _upstream_timed(scheduler_output: Any, stage_ms: tuple[float, ...]) -> float | None:
+    """Upstream's model runner times every step until the engine patch flags calibration done,
+    and reports the last stage's own compute."""
+    return None if getattr(scheduler_output, "disable_profiling_timing", False) else stage_ms[-1]
 
 
-def _ours_timed(scheduler_output: Any) -> bool:
-    """Ours times only the steps the scheduler marks."""
-    return bool(getattr(scheduler_output, "cpp_time_step", False))
+def _ours_timed(scheduler_output: Any, stage_ms: tuple[float, ...]) -> float | None:
+    """Ours times only the steps the scheduler marks, and reports the slowest stage's compute."""
+    return max(stage_ms) if getattr(scheduler_output, "cpp_time_step", False) else None
 
 
 TIMING_RULES = {"upstream": _upstream_timed, "ours": _ours_timed}

@@ -1,0 +1,297 @@
+"""The chunk rule of dynamic chunked pipeline parallelism (CPP): batch-time target and per-step budget.
+
+Under pipeline parallelism a long prompt's chunks follow each other through P stages.
+With chunk times t_i (one stage's time, the slowest stage's) the prompt's first token
+is ready after
+
+    sum_i t_i + (P - 1) * max_i t_i
+
+the pipeline's work plus its fill and drain, which the largest chunk sets. Small
+chunks shorten the fill and drain but pay the fixed per-step cost c0 more often;
+large chunks do the opposite. The rule, from the fitted latency model t(C, H)
+(core/cpp_latency_model.py) alone:
+
+1. Every batch gets one time budget, the *target* T. A prefill at history H gets the
+   largest chunk whose time fits what is left of T, but never more than the chunk that
+   is cheapest per token, C*(H) = sqrt((c0 + c2*H) / c3), where the fixed and history
+   costs balance the quadratic one: a larger chunk would cost more per token and
+   buy nothing. Chunks are multiples of ``ALIGN_TOKENS`` (or a request's final tail),
+   and shrink as history grows, so batch times stay equal and the stages stay in step.
+2. T is chosen (``ChunkRule.plan_target``) to minimise the predicted mean TTFT of the
+   prefills the scheduler holds, given P: for each candidate T the chunks of every
+   held prefill follow from rule 1, their total time is integrated over the prompt
+   (Simpson's rule on the chunk-size curve), the TTFT of the j-th prefill in FCFS
+   order is the work of prefills 1..j plus (P - 1) times the largest chunk time. One
+   prompt at a shallow pipeline wants large chunks; a deep pipeline wants smaller ones
+   to shorten the fill; a backlog of prompts wants the most tokens per millisecond. The
+   search runs only when the set of prefills changes, never per step.
+3. The engine keeps at most P batches in flight, so a batch shorter than the one P
+   places before it cannot start earlier: a fall in batch time is not a gain for one
+   pipeline round. The planner counts the largest batch still in flight in the fill
+   and drain term, so T does not drop for a gain it cannot have; equal-time batches
+   never fall, and the 16-token granularity keeps the steps of shrinking chunks small.
+
+``StepBudget`` applies rule 1 within one scheduling step: running decodes are reserved
+first (never cut), then each prefill, in vLLM's order, is granted a chunk; the step's
+first prefill always advances by at least the floor (``min_chunk``), so prefills never
+starve behind decodes. Pure Python and numpy: no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from vllm_ascend.core.cpp_latency_model import LatencyModel
+
+__all__ = ["ALIGN_TOKENS", "ChunkLimits", "ChunkRule", "StepBudget"]
+
+ALIGN_TOKENS = 16  # chunk granularity: the edge of the NPU's matrix tile
+PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
+_PLAN_PANELS = 16  # Simpson panels per prefill
+_PLAN_GRID = 32  # candidate targets per search round (two rounds)
+DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
+
+
+def align_down(tokens: float, align: int = ALIGN_TOKENS) -> int:
+    """Round down to a multiple of ``align``, forgiving float error in a root that is exact in theory."""
+    if not tokens < 1e15:
+        return int(1e15) // align * align
+    return int(math.floor(tokens / align + 1e-9)) * align
+
+
+@dataclass(frozen=True)
+class ChunkLimits:
+    """What bounds a chunk besides the model: vLLM's caps and the user's settings."""
+
+    max_chunk_tokens: int  # vLLM's per-step token budget (max_num_batched_tokens)
+    max_model_len: int
+    min_chunk_tokens: int = ALIGN_TOKENS  # floor of the step's first prefill chunk
+    smooth_factor: float = 1.0  # 1: the rule's chunk; < 1 blends it towards max_chunk_tokens
+    tail_tolerance: float = 0.0  # a request's final tail may take the target * (1 + this)
+    max_batch_ms: float | None = None  # upper bound of the target
+
+    @property
+    def floor_tokens(self) -> int:
+        return max(ALIGN_TOKENS, align_down(self.min_chunk_tokens))
+
+    @property
+    def cap_tokens(self) -> int:
+        return max(ALIGN_TOKENS, align_down(self.max_chunk_tokens))
+
+
+class ChunkRule:
+    """A latency model with its limits: the chunk for a time, the cheapest chunk, and the target."""
+
+    def __init__(self, model: LatencyModel, limits: ChunkLimits, num_stages: int) -> None:
+        self.model = model
+        self.limits = limits
+        self.num_stages = max(1, int(num_stages))
+
+    def with_model(self, model: LatencyModel) -> ChunkRule:
+        return ChunkRule(model, self.limits, self.num_stages)
+
+    def with_limits(self, **changes) -> ChunkRule:
+        return ChunkRule(self.model, replace(self.limits, **changes), self.num_stages)
+
+    # ------------------------------------------------------------------ chunk sizes
+    def efficient_tokens(self, history_tokens: float) -> float:
+        """C*(H): the chunk with the least time per token at this history (inf without a C^2 term)."""
+        model = self.model
+        if model.c3_ms <= 0:
+            return math.inf
+        return math.sqrt((model.c0_ms + model.c2_ms * history_tokens) / model.c3_ms)
+
+    def _context_cap(self, history_tokens: int) -> int:
+        return min(self.limits.cap_tokens, align_down(self.limits.max_model_len - history_tokens))
+
+    def wanted_chunk(self, history_tokens: int, remaining_tokens: int, target_ms: float) -> int:
+        """The chunk of a request alone in a batch of ``target_ms``: rule 1, smoothing, floor and caps."""
+        if remaining_tokens <= 0:
+            return 0
+        limits = self.limits
+        raw = min(
+            self.model.chunk_for_time(history_tokens, target_ms),
+            self.efficient_tokens(history_tokens),
+            float(limits.max_chunk_tokens),
+        )
+        blended = limits.max_chunk_tokens + limits.smooth_factor * (raw - limits.max_chunk_tokens)
+        cap = self._context_cap(history_tokens)
+        chunk = min(max(align_down(blended), limits.floor_tokens), cap)
+        if remaining_tokens <= chunk:
+            return remaining_tokens  # the request's final tail
+        if chunk <= 0:  # the request runs into max_model_len: what is left of the context
+            context_left = limits.max_model_len - history_tokens
+            return max(0, min(remaining_tokens, context_left, limits.max_chunk_tokens))
+        if (
+            remaining_tokens - chunk < max(chunk // 4, limits.floor_tokens)
+            and remaining_tokens <= min(limits.max_chunk_tokens, limits.max_model_len - history_tokens)
+            and self.model.time_ms(remaining_tokens, history_tokens) <= (1.0 + limits.tail_tolerance) * target_ms
+        ):
+            return remaining_tokens  # merge a small tail: no extra step for it
+        return chunk
+
+    def chunk_within(self, history_tokens: int, budget_ms: float, remaining_tokens: int) -> int:
+        """Largest chunk with request_ms <= budget_ms: aligned, or all remaining tokens; 0 if none fits."""
+        if remaining_tokens <= 0 or not budget_ms > 0:
+            return 0
+        limits = self.limits
+        limit = min(remaining_tokens, limits.max_chunk_tokens, limits.max_model_len - history_tokens)
+        if limit <= 0:
+            return 0
+        raw = self.model.chunk_for_request_ms(history_tokens, budget_ms)
+        if raw >= limit:
+            return limit if limit == remaining_tokens else align_down(limit)
+        return align_down(raw)
+
+    # ------------------------------------------------------------------ the target
+    def target_bounds(self, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
+        """Targets worth searching: one aligned unit at the deepest history, up to a full cap there."""
+        model, limits = self.model, self.limits
+        deepest = max((history + remaining for history, remaining in prefills), default=0)
+        low = fixed_ms + model.request_ms(ALIGN_TOKENS, deepest)
+        high = fixed_ms + model.request_ms(limits.cap_tokens, deepest)
+        if limits.max_batch_ms is not None:
+            high = min(high, limits.max_batch_ms)
+        return low, max(low, high)
+
+    def plan_target(
+        self, prefills: Sequence[tuple[int, int]], *, fixed_ms: float | None = None, inflight_ms: float = 0.0
+    ) -> float:
+        """The batch time that minimises the predicted mean TTFT of ``prefills`` (rule 2).
+
+        ``prefills``: (history_tokens, remaining_tokens) in FCFS order; ``fixed_ms``: each
+        batch's cost before any prefill (c0 plus the decodes it carries; default c0);
+        ``inflight_ms``: the largest predicted time of a batch still in flight.
+        """
+        model = self.model
+        fixed_ms = model.c0_ms if fixed_ms is None else max(float(fixed_ms), model.c0_ms)
+        held = [(int(h), int(r)) for h, r in prefills if r > 0][:PLAN_MAX_PREFILLS]
+        low, high = self.target_bounds(held, fixed_ms)
+        if not held or high <= low * (1.0 + 1e-9):
+            return high
+        candidates = np.geomspace(low * (1.0 + 1e-6), high, _PLAN_GRID)
+        costs, work = self._predicted_ttft_ms(held, candidates, fixed_ms, inflight_ms)
+        best = int(np.argmin(costs))
+        if not np.isfinite(costs[best]):
+            return high
+        # Refine between the neighbours of the best candidate.
+        lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
+        fine = np.geomspace(candidates[lo_index], candidates[hi_index], _PLAN_GRID)
+        fine_costs, fine_work = self._predicted_ttft_ms(held, fine, fixed_ms, inflight_ms)
+        candidates = np.concatenate([candidates, fine])
+        costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
+        best = int(np.argmin(costs))
+        if fixed_ms <= model.c0_ms:
+            return float(candidates[best])
+        # Decodes ride in these batches and wait for each one: take the shortest batch that
+        # does the prefills' work within DECODE_WORK_SLACK of the best target's.
+        shorter = (candidates <= candidates[best]) & (work <= work[best] * (1.0 + DECODE_WORK_SLACK))
+        return float(np.min(candidates[shorter]))
+
+    def _predicted_ttft_ms(
+        self, held: Sequence[tuple[int, int]], targets: np.ndarray, fixed_ms: float, inflight_ms: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
+        model, limits = self.model, self.limits
+        c1, c2, c3, c4 = model.c1_ms, model.c2_ms, model.c3_ms, model.c4_ms
+        weights = np.ones(2 * _PLAN_PANELS + 1)
+        weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
+        fractions = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)
+        histories = np.array([h + r * fractions for h, r in held])  # (prefills, nodes)
+        remaining = np.array([float(r) for _, r in held])
+        history = histories[None, :, :]
+        spare = targets[:, None, None] - fixed_ms - c2 * history
+        slope = c1 + c4 * history
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            for_time = np.where(
+                spare > 0, 2.0 * spare / (slope + np.sqrt(slope * slope + 4.0 * c3 * np.maximum(spare, 0.0))), 0.0
+            )
+            efficient = np.sqrt((fixed_ms + c2 * history) / c3) if c3 > 0 else np.inf
+            cap = np.minimum(float(limits.cap_tokens), limits.max_model_len - history)
+            chunk = np.minimum(np.minimum(for_time, efficient), cap)
+            chunk = limits.max_chunk_tokens + limits.smooth_factor * (chunk - limits.max_chunk_tokens)
+            chunk = np.minimum(np.maximum(chunk, limits.floor_tokens), cap)
+            chunk = chunk - ALIGN_TOKENS / 2  # rounding down loses half a unit on average
+            feasible = np.all(chunk > 0, axis=(1, 2))
+            chunk = np.maximum(chunk, 1.0)
+            per_token_ms = (fixed_ms + c2 * history) / chunk + c1 + c3 * chunk + c4 * history
+            work_ms = (per_token_ms @ weights) * remaining / (6.0 * _PLAN_PANELS)  # (targets, prefills)
+            chunk_ms = fixed_ms + c2 * history + chunk * (c1 + c3 * chunk + c4 * history)
+        largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
+        mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (self.num_stages - 1) * largest_ms
+        ok = feasible & np.isfinite(mean_ttft_ms)
+        return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms.sum(axis=1), np.inf)
+
+
+class StepBudget:
+    """One scheduling step's time budget (rule 1): reserve decodes, grant prefills, charge, refund."""
+
+    def __init__(self, rule: ChunkRule, target_ms: float | None = None) -> None:
+        self.rule = rule
+        self.target_ms = float(target_ms) if target_ms is not None else rule.target_bounds([], rule.model.c0_ms)[1]
+        self.start()
+
+    def start(self) -> None:
+        """A new step: only the fixed cost c0 is spent."""
+        self.used_ms = self.rule.model.c0_ms  # c0 + reserved decodes + charged requests
+        self.charged: dict[str, tuple[int, int, float]] = {}  # request -> chunk_tokens, history_tokens, ms
+        self.reserved: dict[str, tuple[int, float]] = {}  # decodes: request -> new_tokens, ms
+        self.prefills: set[str] = set()
+
+    def reserve(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
+        """Book a running decode's tokens before any prefill: decodes are never cut."""
+        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+        self.reserved[request_id] = (new_tokens, cost_ms)
+        self.used_ms += cost_ms
+
+    def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
+        """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
+        rule, target_ms = self.rule, self.target_ms
+        wanted = rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
+        # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.
+        chunk = min(wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens))
+        if (
+            wanted == remaining_tokens
+            and chunk < remaining_tokens
+            and self.used_ms + rule.model.request_ms(remaining_tokens, history_tokens)
+            <= (1.0 + rule.limits.tail_tolerance) * target_ms
+        ):
+            chunk = remaining_tokens  # the whole tail: no extra step for it
+        if not self.prefills:
+            # The step's first prefill advances by at least the floor (or its whole tail),
+            # even when decodes fill the budget; alone in the batch it gets its own chunk.
+            chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
+            if not self.charged and not self.reserved:
+                chunk = max(chunk, wanted)
+        return max(0, min(chunk, allowed_tokens))
+
+    def charge(self, request_id: str, new_tokens: int, history_tokens: int, is_prefill: bool) -> None:
+        """A request is in the batch with ``new_tokens``: count its cost (a reserved decode is already in)."""
+        reservation = self.reserved.pop(request_id, None)
+        if reservation is not None and reservation[0] == new_tokens:
+            cost_ms = reservation[1]
+        else:
+            cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+            self.used_ms += cost_ms - (reservation[1] if reservation is not None else 0.0)
+            if is_prefill:
+                self.prefills.add(request_id)
+        self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
+
+    def refund(self, request_id: str) -> None:
+        """A request charged in this step was preempted again within it."""
+        charged = self.charged.pop(request_id, None)
+        if charged is not None:
+            self.used_ms -= charged[2]
+        self.prefills.discard(request_id)
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The step's (chunk_tokens, history_tokens) pairs, in the order they were charged."""
+        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
+
+    def predicted_ms(self) -> float:
+        """The model's time of the step's charged requests (c0 included)."""
+        return self.rule.model.c0_ms + sum(cost for _, _, cost in self.charged.values())

@@ -1,0 +1,185 @@
+"""The CPP profile cache: what a profile must match to be reused, and its JSON file.
+
+A profile is the start-up samples (chunk_tokens, history_tokens, latency_ms) plus the
+fingerprint of the setup they were measured on: model, dtype, quantisation, TP/PP
+sizes, token budget, KV block size, vLLM and patch-set versions, device and CANN. A
+file is untrusted input: it is read only up to ``MAX_PROFILE_BYTES``, must parse as the
+expected JSON, match the fingerprint and base chunk, and its samples are fitted again
+and accepted by the same rule as a fresh profile (core/cpp_latency_model.py ``accept``),
+so a cached profile is never trusted more than a new one. Any problem is a
+``ProfileCacheError`` naming it; the caller then profiles again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm_ascend.core.cpp_latency_model import LatencyModel
+
+__all__ = ["PROFILE_SCHEMA_VERSION", "ProfileCacheError", "cache_file", "fingerprint_for", "load_profile", "save_profile"]
+
+PROFILE_SCHEMA_VERSION = 1
+MAX_PROFILE_BYTES = 4 << 20  # a profile of a few thousand samples is ~100 kB
+MAX_PROFILE_SAMPLES = 20_000
+
+
+class ProfileCacheError(ValueError):
+    """A cached profile that cannot be used; the message says why."""
+
+
+def make_fingerprint(
+    *,
+    model: str,
+    dtype: str,
+    quantization: str | None,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+    max_num_batched_tokens: int,
+    block_size: int,
+    vllm_version: str,
+    vllm_ascend_version: str,
+    device_name: str,
+    cann_version: str | None = None,
+) -> dict:
+    """What a cached profile must match to be reused (JSON-safe values)."""
+    return {
+        "model": str(model),
+        "dtype": str(dtype),
+        "quantization": None if quantization is None else str(quantization),
+        "tensor_parallel_size": int(tensor_parallel_size),
+        "pipeline_parallel_size": int(pipeline_parallel_size),
+        "max_num_batched_tokens": int(max_num_batched_tokens),
+        "block_size": int(block_size),
+        "vllm_version": str(vllm_version),
+        "vllm_ascend_version": str(vllm_ascend_version),
+        "device_name": str(device_name),
+        "cann_version": None if cann_version is None else str(cann_version),
+    }
+
+
+def fingerprint_for(vllm_config: Any) -> dict:
+    """The fingerprint of an engine's configuration, read without touching the device."""
+    model_config = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    try:
+        import vllm
+
+        vllm_version = vllm.__version__
+    except Exception:  # pragma: no cover - vLLM is always there in the engine
+        vllm_version = "unknown"
+    try:
+        from vllm_ascend import patchset
+
+        ascend_version = patchset.PATCHSET_VERSION
+    except Exception:
+        ascend_version = "unknown"
+    device_name, cann_version = _device_identity()
+    return make_fingerprint(
+        model=str(model_config.model),
+        dtype=str(model_config.dtype),
+        quantization=getattr(model_config, "quantization", None),
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        block_size=vllm_config.cache_config.block_size,
+        vllm_version=vllm_version,
+        vllm_ascend_version=ascend_version,
+        device_name=device_name,
+        cann_version=cann_version,
+    )
+
+
+def _device_identity() -> tuple[str, str | None]:
+    """Device kind and CANN install, read without touching the NPU from the engine-core process.
+
+    The SoC comes from the wheel's build info; the CANN version from the real path of the
+    toolkit folder (``.../ascend-toolkit/8.x.y`` behind a ``latest`` link).
+    """
+    device_name = "unknown"
+    try:
+        from vllm_ascend import _build_info  # type: ignore[attr-defined]
+        from vllm_ascend.utils import get_ascend_device_type
+
+        soc = getattr(_build_info, "__soc_version__", None)
+        device_name = f"{get_ascend_device_type().name}/{soc}" if soc else get_ascend_device_type().name
+    except Exception:
+        pass
+    toolkit = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    return device_name, os.path.realpath(toolkit) if toolkit else None
+
+
+def _normal(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def cache_file(cache_dir: str, fingerprint: Mapping) -> Path:
+    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / f"cpp-profile-{digest}.json"
+
+
+def save_profile(
+    path: str | os.PathLike,
+    *,
+    fingerprint: Mapping,
+    base_chunk_tokens: int,
+    model: LatencyModel,
+    samples: Sequence[Sequence[float]],
+) -> None:
+    """Write the profile atomically (a temporary file renamed into place); OSError if it cannot."""
+    path = Path(path)
+    data = {
+        "schema_version": PROFILE_SCHEMA_VERSION,
+        "fingerprint": _normal(dict(fingerprint)),
+        "base_chunk_size": int(base_chunk_tokens),
+        "coefficients": model.to_dict(),
+        "samples": [[int(c), int(h), float(ms)] for c, h, ms in samples],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False)
+    try:
+        with handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def load_profile(path: str | os.PathLike, *, fingerprint: Mapping, base_chunk_tokens: int) -> list | None:
+    """The samples of a matching cached profile; None if there is no file; ProfileCacheError if unusable."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise ProfileCacheError("not a regular file")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_PROFILE_BYTES + 1)
+        if len(raw) > MAX_PROFILE_BYTES:
+            raise ProfileCacheError(f"larger than {MAX_PROFILE_BYTES >> 20} MiB")
+        data = json.loads(raw)
+    except ProfileCacheError:
+        raise
+    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested too deep
+        raise ProfileCacheError(f"{type(error).__name__}: {error}") from None
+    if not isinstance(data, dict):
+        raise ProfileCacheError("not a JSON object")
+    if data.get("schema_version") != PROFILE_SCHEMA_VERSION:
+        raise ProfileCacheError(f"schema_version {data.get('schema_version')!r} != {PROFILE_SCHEMA_VERSION}")
+    if _normal(data.get("fingerprint")) != _normal(dict(fingerprint)):
+        raise ProfileCacheError("fingerprint differs (other model, parallelism, versions or device)")
+    if data.get("base_chunk_size") != base_chunk_tokens:
+        raise ProfileCacheError(f"base_chunk_size {data.get('base_chunk_size')!r} != {base_chunk_tokens}")
+    samples = data.get("samples")
+    if not isinstance(samples, list) or len(samples) > MAX_PROFILE_SAMPLES:
+        raise ProfileCacheError(f"samples must be a list of at most {MAX_PROFILE_SAMPLES} entries")
+    try:
+        return [(int(c), int(h), float(ms)) for c, h, ms in samples]
+    except (TypeError, ValueError, OverflowError) as error:
+        raise ProfileCacheError(f"samples must be [chunk_tokens, history_tokens, latency_ms] numbers: {error}") from None

@@ -57,6 +57,27 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_port(args: argparse.Namespace) -> int:
+    from .assemble import pristine_tree
+    from .pin import fetch_wheel
+    from .port import port, write_report
+    from .series import PACKAGE, load_overlay, load_patches
+
+    pin = Pin.load()
+    pristine = pristine_tree(fetch_wheel(pin, _target(args))) / PACKAGE
+    report = port(
+        Path(args.upstream_src),
+        patches=load_patches(),
+        overlay=load_overlay(),
+        pristine_pkg=pristine,
+        pin_name=pin.git_tag,
+        dry_run=args.dry_run,
+    )
+    print(report.render(full=False), end="")
+    print(f"Full report (with the upstream diffs of replaced files): {write_report(report, args.report)}")
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cpp-twin"]:  # its own argument parser: see docs/cpp-twin.md
@@ -84,6 +105,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_check_pin)
+    p = sub.add_parser(
+        "port",
+        help="three-way merge the series into a vllm-ascend git checkout and report per patch and hunk",
+    )
+    p.add_argument("upstream_src", help="a vllm-ascend git checkout (its work tree receives the port)")
+    p.add_argument("--dry-run", action="store_true", help="report only; write nothing into the checkout")
+    p.add_argument("--report", type=Path, help="where to write the full report (default: build/port/<ref>.txt)")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_port)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

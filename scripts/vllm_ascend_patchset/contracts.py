@@ -36,9 +36,14 @@ class ContractError(ValueError):
 
 @dataclass(frozen=True)
 class ContractResult:
-    name: str
+    subject: str  # what is checked, stable across line moves (a target can answer it by this)
     ok: bool
     detail: str
+    where: str = ""  # the file (or patch and line) it is read at
+
+    @property
+    def name(self) -> str:
+        return f"{self.subject} ({self.where})" if self.where else self.subject
 
 
 def class_def(tree: ast.Module, name: str, source: str = "source") -> ast.ClassDef:
@@ -78,12 +83,12 @@ def splitter_field_sets(split_py: Path) -> dict[str, frozenset[str]]:
 
 def metadata_contract(package: Path, overlay_dir: Path) -> list[ContractResult]:
     """``package`` holds the target's vllm_ascend files; the splitter is ours."""
-    name = f"AscendMetadata fields ({ATTENTION_V1})"
+    name, where = "AscendMetadata fields", ATTENTION_V1
     try:
         fields = ascend_metadata_fields(package / ATTENTION_V1)
         known = frozenset().union(*splitter_field_sets(overlay_dir / SPLITTER).values())
     except (OSError, SyntaxError, ContractError) as exc:
-        return [ContractResult(name, False, str(exc))]
+        return [ContractResult(name, False, str(exc), where)]
     new = [f for f in fields if f not in known]
     gone = sorted(known - set(fields))
     problems = []
@@ -91,7 +96,7 @@ def metadata_contract(package: Path, overlay_dir: Path) -> list[ContractResult]:
         problems.append(f"new field(s) {', '.join(new)}: decide in dual_stream/split.py how each is split")
     if gone:
         problems.append(f"field(s) {', '.join(gone)} no longer exist: drop them from dual_stream/split.py")
-    return [ContractResult(name, not problems, "; ".join(problems) or f"{len(fields)} fields, all known")]
+    return [ContractResult(name, not problems, "; ".join(problems) or f"{len(fields)} fields, all known", where)]
 
 
 # ----------------------------------------------------------------------------- config
@@ -341,12 +346,12 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
         target_tree = ast.parse((target_pkg / ASCEND_CONFIG).read_text())
         pinned_tree = ast.parse((pinned_pkg / ASCEND_CONFIG).read_text())
     except (OSError, SyntaxError) as exc:
-        return [ContractResult(f"config ({ASCEND_CONFIG})", False, str(exc))]
+        return [ContractResult("config", False, str(exc), ASCEND_CONFIG)]
     assigned, patch_reads = _patch_config_attrs(patches, ASCEND_CONFIG)
     target = _ClassAttrs(target_tree, {CONFIG_CLASS: assigned})
     pinned = _ClassAttrs(pinned_tree, {CONFIG_CLASS: assigned})
     if CONFIG_CLASS not in target.classes:
-        return [ContractResult(f"config ({ASCEND_CONFIG})", False, f"the target has no class {CONFIG_CLASS}")]
+        return [ContractResult("config", False, f"the target has no class {CONFIG_CLASS}", ASCEND_CONFIG)]
 
     trees = _overlay_trees(overlay_dir)
     by_path: dict[tuple[str, ...], list[str]] = {}
@@ -356,28 +361,31 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
         if name not in assigned:
             by_path.setdefault((name,), []).append(patch)
     for path, where in by_path.items():
-        name = f"{CONFIG_CLASS}.{'.'.join(path)} (read at {', '.join(where)})"
+        name = f"{CONFIG_CLASS}.{'.'.join(path)}"
         at_pin, _ = pinned.resolve(CONFIG_CLASS, path)
         found, detail = target.resolve(CONFIG_CLASS, path)
-        if not at_pin:
+        if not found and not at_pin:
             found, detail = True, "not defined in ascend_config.py at the pin either: not checked"
         elif not found:
             detail += " at the target (the pin has it): find where the setting went and read it there"
-        results.append(ContractResult(name, found, detail))
+        results.append(ContractResult(name, found, detail, f"read at {', '.join(where)}"))
 
     pinned_strings, target_strings = _class_strings(pinned_tree), _class_strings(target_tree)
     for key, where in sorted(_config_keys(trees).items()):
-        name = f"additional_config key {key!r} (read at {', '.join(where)})"
+        name = f"additional_config key {key!r}"
         before, after = _key_readers(pinned_strings, key), _key_readers(target_strings, key)
-        if before != after:
+        moved = bool(before) and before != after
+        if moved:
             detail = (
                 f"upstream reads it in {', '.join(sorted(after)) or 'no class'} at the target, "
                 f"in {', '.join(sorted(before)) or 'no class'} at the pin: it moved; read it where upstream does "
                 "and keep the old place as a deprecated alias"
             )
+        elif before != after:
+            detail = f"read by {', '.join(sorted(after))} at the target, ours alone at the pin"
         elif after:
             detail = f"read by {', '.join(sorted(after))}, as at the pin"
         else:
             detail = "ours alone (upstream reads it nowhere)"
-        results.append(ContractResult(name, before == after, detail))
+        results.append(ContractResult(name, not moved, detail, f"read at {', '.join(where)}"))
     return results

@@ -19,16 +19,21 @@ so nothing is lost. ``dry_run`` writes nothing there and only reports.
 from __future__ import annotations
 
 import difflib
+import re
 import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .contracts import ContractResult, config_contract, metadata_contract
-from .hunks import DiffError, FileDiff, find_block, merge_file, parse_diff
+from .diffs import _diff_lines
+from .hunks import DiffError, FileDiff, Hunk, apply_exact, find_block, merge_file, parse_diff
 from .pin import ROOT
 from .series import OVERLAY_DIR, PACKAGE, OverlayFile, Patch
+from .targets import OverlayPatch, Step, Target, blob_text, git_blob, git_blob_of_text, with_header
 
-APPLIES, MERGED, CONFLICT = "applies", "merged", "conflict"
+APPLIES, MERGED, REFRESHED, CONFLICT = "applies", "merged", "refreshed", "conflict"
 REPORT_DIR = ROOT / "build" / "port"
 UPSTREAM_LABEL = "upstream"
 
@@ -70,17 +75,21 @@ class PortReport:
     contracts: list[ContractResult] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     dry_run: bool = False
+    porter: Porter | None = None
 
     def patch_status(self, name: str) -> tuple[str, str]:
         """(worst status, summary) of one patch."""
         mine = [h for h in self.hunks if h.patch == name]
-        conflicts = sum(h.status == CONFLICT for h in mine)
-        merged = sum(h.status == MERGED for h in mine)
-        if conflicts:
-            return CONFLICT, f"{conflicts} of {len(mine)} hunks conflict" + (f", {merged} merged" if merged else "")
-        if merged:
-            return MERGED, f"{merged} of {len(mine)} hunks merged (context moved), the rest apply"
-        return APPLIES, f"all {len(mine)} hunks apply"
+        count = {status: sum(h.status == status for h in mine) for status in (CONFLICT, MERGED, REFRESHED)}
+        unit = "files" if all(h.number == 0 for h in mine) else "hunks"
+        if count[CONFLICT]:
+            more = f", {count[MERGED]} merged" if count[MERGED] else ""
+            return CONFLICT, f"{count[CONFLICT]} of {len(mine)} {unit} conflict{more}"
+        if count[REFRESHED]:
+            return REFRESHED, f"changed since it was ported; the change merged into {count[REFRESHED]} {unit}"
+        if count[MERGED]:
+            return MERGED, f"{count[MERGED]} of {len(mine)} hunks merged (context moved), the rest apply"
+        return APPLIES, f"all {len(mine)} {unit} apply"
 
     @property
     def patches(self) -> list[str]:
@@ -106,7 +115,8 @@ class PortReport:
             out.append(f"  {name}: {status.upper() if status == CONFLICT else status} ({summary})")
         out += ["", "Hunks"]
         for h in self.hunks:
-            out.append(f"  {h.patch} {h.path} hunk {h.number} {h.header}: {h.status}")
+            where = f"hunk {h.number} {h.header}" if h.number else "(whole file)"
+            out.append(f"  {h.patch} {h.path} {where}: {h.status}")
             if h.detail:
                 out += [f"      {line}" for line in h.detail.splitlines()]
         out += ["", "Overlay files that replace an upstream file"]
@@ -178,13 +188,13 @@ def _lines(path: Path) -> list[str] | None:
     return path.read_text().splitlines(keepends=True) if path.exists() else None
 
 
-def _conflict_detail(merged: str, label: str) -> str:
-    """The conflict blocks a hunk's merge produced: upstream's change and the patch's, both against the pin."""
+def _conflict_detail(merged: str, label: str, first: str = UPSTREAM_LABEL) -> str:
+    """The conflict blocks a merge labelled ``label`` produced: the other side's change and ours, both from the base."""
     lines = merged.splitlines(keepends=True)
     blocks = []
     i = 0
     while i < len(lines):
-        if not lines[i].startswith(f"<<<<<<< {UPSTREAM_LABEL}"):
+        if not lines[i].startswith(f"<<<<<<< {first}"):
             i += 1
             continue
         sections: list[list[str]] = [[], [], []]
@@ -203,9 +213,9 @@ def _conflict_detail(merged: str, label: str) -> str:
         i = j + 1
     out = []
     for theirs, base, ours in blocks:
-        out.append("upstream changed (pin -> upstream):")
+        out.append(f"{first} changed (base -> {first}):")
         out += _diff_body(base, theirs)
-        out.append("the patch changes (pin -> patch):")
+        out.append("the patch changes (base -> patch):")
         out += _diff_body(base, ours)
     return "\n".join(out)
 
@@ -215,36 +225,222 @@ def _diff_body(old: list[str], new: list[str]) -> list[str]:
     return ["  " + line.rstrip("\n") for line in body if not line.startswith("@@")] or ["  (no change)"]
 
 
-def _merge_file(
-    patch: Patch, fd: FileDiff, pinned: list[str], current: list[str], pin_label: str
-) -> tuple[list[str], list[str], list[HunkResult]]:
-    """Merge one file's hunks one after another; returns (pinned after, merged target, per-hunk results)."""
-    results = []
-    before = pinned
-    for n, hunk in enumerate(fd.hunks, 1):
-        at_pin = find_block(before, hunk.old, hunk.old_start - 1)
-        if at_pin is None:
-            raise DiffError(f"{patch.name}: {fd.path} hunk {n} '{hunk.header}' does not apply to the pinned tree")
-        after = before[:at_pin] + list(hunk.new) + before[at_pin + len(hunk.old) :]
-        label = f"{patch.name} {fd.path} hunk {n}"
-        expected = at_pin + len(current) - len(before)
-        at = find_block(current, hunk.old, expected)
-        text, conflicts = merge_file(
-            "".join(current), "".join(before), "".join(after), (UPSTREAM_LABEL, pin_label, label)
-        )
-        merged = text.splitlines(keepends=True)
-        if conflicts:
-            status, detail = CONFLICT, _conflict_detail(text, label)
-        elif at is not None:
-            offset = at - at_pin
-            status, detail = APPLIES, f"at line {at + 1}" + (f" ({offset:+d} lines from the pin)" if offset else "")
+def _diff_part(patch_text: str) -> str:
+    """The unified diff of a patch file, without its header (as ``Patch.diff``)."""
+    m = re.search(r"^(diff |--- )", patch_text, re.M)
+    return patch_text[m.start() :] if m else ""
+
+
+def _apply_hunk(lines: list[str], hunk: Hunk, near: int) -> tuple[list[str], int] | None:
+    """``lines`` with the hunk applied where its old text is, nearest ``near``; None if it is not there."""
+    at = find_block(lines, hunk.old, near)
+    if at is None:
+        return None
+    return lines[:at] + list(hunk.new) + lines[at + len(hunk.old) :], at
+
+
+@dataclass
+class StepChange:
+    """What one series entry did to the target's files (for the target's mail series)."""
+
+    patch: Patch  # gives the header
+    before: dict[str, list[str]] = field(default_factory=dict)
+    after: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Porter:
+    """The series applied to a target's files: per-hunk results, per-step changes, refreshed target patches."""
+
+    def __init__(self, read_target: Callable[[str], list[str] | None], pristine_pkg: Path, pin_name: str) -> None:
+        self.read_target = read_target
+        self.pristine_pkg = pristine_pkg
+        self.pin_name = pin_name
+        self.pinned: dict[str, list[str]] = {}  # the pin's files with the pinned patches so far
+        self.current: dict[str, list[str]] = {}  # the target's files with the steps so far
+        self.hunks: list[HunkResult] = []
+        self.changes: list[StepChange] = []
+        self.refreshed: dict[Path, str] = {}  # target patch file -> its text brought up to date
+        self.history = ROOT  # where the blobs recorded by target patches are
+
+    def _pinned(self, path: str) -> list[str]:
+        if path not in self.pinned:
+            self.pinned[path] = _lines(self.pristine_pkg.parent / path) or []
+        return self.pinned[path]
+
+    def _current(self, path: str) -> list[str] | None:
+        if path not in self.current:
+            lines = self.read_target(path)
+            if lines is None:
+                return None
+            self.current[path] = lines
+        return self.current[path]
+
+    def _advance_pinned(self, patch: Patch) -> None:
+        for fd in parse_diff(patch.diff, patch.name):
+            self.pinned[fd.path] = apply_exact(self._pinned(fd.path), fd.hunks, f"{patch.name}: {fd.path}")
+
+    def run(self, step: Step) -> None:
+        change = StepChange(step.patch)
+        self.changes.append(change)
+        if step.merge:
+            self._merge(step.patch, change)
+        elif step.stands_for is not None and self._changed_since(step):
+            self._refresh(step, change)
         else:
-            landed = find_block(merged, hunk.added, expected) if hunk.added else None
-            where = f"; its lines are at line {landed + 1}" if landed is not None else ""
-            status, detail = MERGED, f"context changed upstream, three-way merge is clean{where}"
-        results.append(HunkResult(patch.name, fd.path, n, hunk.header, status, detail))
-        before, current = after, merged
-    return before, current, results
+            self._apply(step.patch, change)
+            if step.stands_for is not None:
+                self._advance_pinned(step.stands_for)
+
+    def _changed_since(self, step: Step) -> bool:
+        """Has the pinned patch's diff (not just its header) changed since its target version was made?"""
+        assert step.stands_for is not None and step.ported_from is not None
+        if git_blob(step.stands_for.path) == step.ported_from:
+            return False
+        old = blob_text(step.ported_from, str(step.patch.path), self.history)
+        return _diff_part(old) != step.stands_for.diff
+
+    def _missing(self, patch: Patch, fd: FileDiff) -> None:
+        for n, hunk in enumerate(fd.hunks, 1):
+            detail = f"the target has no {fd.path} (moved or removed): port the hunk by hand"
+            self.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, CONFLICT, detail))
+
+    def _target_files(self, patch: Patch, change: StepChange) -> Iterator[tuple[FileDiff, list[str]]]:
+        """(file diff, the target's lines) for each file of the patch the target has; the others are reported."""
+        for fd in parse_diff(patch.diff, patch.name):
+            current = self._current(fd.path)
+            if current is None:
+                self._missing(patch, fd)
+                continue
+            change.before.setdefault(fd.path, current)
+            yield fd, current
+
+    def _merge(self, patch: Patch, change: StepChange) -> None:
+        """A pinned patch, hunk by hunk, three-way with the pinned files as base."""
+        for fd, current in self._target_files(patch, change):
+            before = self._pinned(fd.path)
+            for n, hunk in enumerate(fd.hunks, 1):
+                applied = _apply_hunk(before, hunk, hunk.old_start - 1)
+                if applied is None:
+                    raise DiffError(f"{patch.name}: {fd.path} hunk {n} '{hunk.header}' does not apply to the pin")
+                after, at_pin = applied
+                label = f"{patch.name} {fd.path} hunk {n}"
+                expected = at_pin + len(current) - len(before)
+                at = find_block(current, hunk.old, expected)
+                text, conflicts = merge_file(
+                    "".join(current), "".join(before), "".join(after), (UPSTREAM_LABEL, self.pin_name, label)
+                )
+                merged = text.splitlines(keepends=True)
+                if conflicts:
+                    status, detail = CONFLICT, _conflict_detail(text, label)
+                elif at is not None:
+                    offset = at - at_pin
+                    status = APPLIES
+                    detail = f"at line {at + 1}" + (f" ({offset:+d} lines from the pin)" if offset else "")
+                else:
+                    landed = find_block(merged, hunk.added, expected) if hunk.added else None
+                    where = f"; its lines are at line {landed + 1}" if landed is not None else ""
+                    status, detail = MERGED, f"context changed upstream, three-way merge is clean{where}"
+                self.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, status, detail))
+                before, current = after, merged
+            self.pinned[fd.path], self.current[fd.path] = before, current
+            change.after[fd.path] = current
+
+    def _apply(self, patch: Patch, change: StepChange) -> None:
+        """A target patch, made on the target: each hunk's old text must be there (zero fuzz)."""
+        for fd, current in self._target_files(patch, change):
+            offset = 0
+            for n, hunk in enumerate(fd.hunks, 1):
+                applied = _apply_hunk(current, hunk, hunk.old_start - 1 + offset)
+                if applied is None:
+                    detail = "its old text is not in the target file: the target moved on; port it again"
+                    self.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, CONFLICT, detail))
+                    continue
+                current, at = applied
+                offset = at - (hunk.old_start - 1) + len(hunk.new) - len(hunk.old)
+                self.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, APPLIES, f"at line {at + 1}"))
+            self.current[fd.path] = current
+            change.after[fd.path] = current
+
+    def _refresh(self, step: Step, change: StepChange) -> None:
+        """The pinned patch changed since its target version was made: merge that change into the target version."""
+        assert step.stands_for is not None and step.ported_from is not None
+        what = f"{step.patch.path.relative_to(ROOT) if step.patch.path.is_relative_to(ROOT) else step.patch.path}"
+        old_text = blob_text(step.ported_from, what, self.history)
+        old = {fd.path: fd.hunks for fd in parse_diff(old_text, f"{step.stands_for.name} as ported")}
+        new = {fd.path: fd.hunks for fd in parse_diff(step.stands_for.diff, step.stands_for.name)}
+        mine = {fd.path: fd.hunks for fd in parse_diff(step.patch.diff, step.patch.name)}
+        label = f"{step.stands_for.name} now"
+        for path in dict.fromkeys([*mine, *old, *new]):
+            current = self._current(path)
+            if current is None:
+                self._missing(step.patch, FileDiff(path, mine.get(path, ())))
+                continue
+            pinned = self._pinned(path)
+            pinned_old = apply_exact(pinned, old.get(path, ()), f"{step.stands_for.name} as ported: {path}")
+            pinned_new = apply_exact(pinned, new.get(path, ()), f"{step.stands_for.name}: {path}")
+            try:
+                target_old = apply_exact(current, mine.get(path, ()), f"{step.patch.name}: {path}")
+            except DiffError as exc:
+                self.hunks.append(HunkResult(step.patch.name, path, 0, "(whole file)", CONFLICT, str(exc)))
+                continue
+            text, conflicts = merge_file(
+                "".join(target_old), "".join(pinned_old), "".join(pinned_new), (UPSTREAM_LABEL, self.pin_name, label)
+            )
+            if conflicts:
+                status, detail = CONFLICT, _conflict_detail(text, label)
+            else:
+                status = REFRESHED
+                detail = f"{step.stands_for.name} changed since this target version was made; the change merged cleanly"
+            self.hunks.append(HunkResult(step.patch.name, path, 0, "(whole file)", status, detail))
+            change.before.setdefault(path, current)
+            self.pinned[path] = pinned_new
+            self.current[path] = change.after[path] = text.splitlines(keepends=True)
+        if not any(h.status == CONFLICT for h in self.hunks if h.patch == step.patch.name):
+            header = dict(step.patch.header)
+            header["Ported-From"] = f"{step.stands_for.name} {git_blob(step.stands_for.path)}"
+            diff = "".join(_diff_lines(change.before[p], change.after[p], p, False) for p in change.after)
+            self.refreshed[step.patch.path] = with_header(header, diff)
+
+    def overlay(self, entries: list[OverlayFile], patches: tuple[OverlayPatch, ...]) -> dict[str, list[str]]:
+        """The overlay files (repo path -> lines) with the target's overlay patches applied."""
+        files = {e.repo_path: e.source.read_text().splitlines(keepends=True) for e in entries}
+        for op in patches:
+            changed: dict[str, tuple[list[str], list[str]]] = {}  # path -> (before, after) of this patch
+            stale = False
+            for fd in parse_diff(op.patch.diff, op.patch.name):
+                relpath = fd.path.removeprefix(f"{PACKAGE}/")
+                current = files[fd.path]
+                base = op.bases[relpath]
+                made_on = current
+                if git_blob_of_text("".join(current)) != base:
+                    stale = True
+                    what = f"{op.patch.name} on vllm_ascend_overlay/{relpath}"
+                    made_on = blob_text(base, what, self.history).splitlines(True)
+                try:
+                    patched = apply_exact(made_on, fd.hunks, f"{op.patch.name}: {fd.path}")
+                except DiffError as exc:
+                    self.hunks.append(HunkResult(op.patch.name, fd.path, 0, "(whole file)", CONFLICT, str(exc)))
+                    continue
+                labels = ("overlay now", "overlay as ported", op.patch.name)
+                text, conflicts = merge_file("".join(current), "".join(made_on), "".join(patched), labels)
+                if conflicts:
+                    status, detail = CONFLICT, _conflict_detail(text, op.patch.name, "overlay now")
+                elif made_on is current:
+                    status, detail = APPLIES, ""
+                else:
+                    status, detail = REFRESHED, "the overlay file changed since the patch was made; it merged cleanly"
+                self.hunks.append(HunkResult(op.patch.name, fd.path, 0, "(whole file)", status, detail))
+                files[fd.path] = text.splitlines(keepends=True)
+                changed[fd.path] = (current, files[fd.path])
+            if stale and not any(h.status == CONFLICT for h in self.hunks if h.patch == op.patch.name):
+                header = dict(op.patch.header)
+                header["Overlay-Base"] = "\n".join(
+                    f"{path.removeprefix(PACKAGE + '/')} {git_blob_of_text(''.join(before))}"
+                    for path, (before, _) in changed.items()
+                )
+                diff = "".join(_diff_lines(before, after, path, False) for path, (before, after) in changed.items())
+                self.refreshed[op.patch.path] = with_header(header, diff)
+        return files
 
 
 def _overlay_result(entry: OverlayFile, pristine_pkg: Path, target_pkg: Path, pin_name: str) -> OverlayResult:
@@ -277,46 +473,72 @@ def port(
     pin_name: str,
     overlay_dir: Path = OVERLAY_DIR,
     dry_run: bool = False,
+    target: Target | None = None,
 ) -> PortReport:
-    """Merge ``patches`` and copy ``overlay`` into the checkout ``upstream``; see the module docstring."""
+    """Port the series (or ``target``'s) and the overlay into the checkout ``upstream``; see the module docstring."""
     upstream = upstream.resolve()
-    diffs = [(patch, parse_diff(patch.diff, patch.name)) for patch in patches]
-    patched_paths = list(dict.fromkeys(fd.path for _, fds in diffs for fd in fds))
+    steps = target.steps if target else tuple(Step(p, True) for p in patches)
+    overlay_patches = target.overlay_patches if target else ()
+    patched_paths = list(dict.fromkeys(f for step in steps for f in step.patch.files))
     overlay_paths = [e.repo_path for e in overlay]
     commit, describe = _check_checkout(upstream, patched_paths + overlay_paths, dry_run)
-    report = PortReport(upstream, commit, describe, f"vllm-ascend {pin_name} (the pinned release's files)")
+    base = f"vllm-ascend {pin_name} (the pinned release's files)"
+    if target:
+        base += f"; series of target '{target.name}' (made for {target.ref} at {target.commit[:12]})"
+    report = PortReport(upstream, commit, describe, base)
     report.dry_run = dry_run
 
-    pinned: dict[str, list[str]] = {}
-    merged: dict[str, list[str]] = {}
-    for patch, fds in diffs:
-        for fd in fds:
-            if fd.path not in pinned:
-                pinned[fd.path] = _lines(pristine_pkg.parent / fd.path) or []
-            current = merged.get(fd.path, _lines(upstream / fd.path))
-            if current is None:
-                for n, hunk in enumerate(fd.hunks, 1):
-                    detail = f"upstream has no {fd.path} (moved or removed): port the hunk by hand"
-                    report.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, CONFLICT, detail))
-                continue
-            pinned[fd.path], merged[fd.path], results = _merge_file(patch, fd, pinned[fd.path], current, pin_name)
-            report.hunks += results
-
+    porter = Porter(lambda path: _lines(upstream / path), pristine_pkg, pin_name)
+    if target:
+        porter.history = target.history
+    for step in steps:
+        porter.run(step)
+    overlay_files = porter.overlay(overlay, overlay_patches)
+    report.hunks = porter.hunks
+    report.porter = porter
     report.overlay = [_overlay_result(e, pristine_pkg, upstream / PACKAGE, pin_name) for e in overlay]
-    report.contracts = metadata_contract(upstream / PACKAGE, overlay_dir) + config_contract(
-        upstream / PACKAGE, pristine_pkg, overlay_dir, patches
-    )
+    with tempfile.TemporaryDirectory(prefix="port-overlay-") as tmp:
+        if overlay_patches:  # the contracts read our modules as the target gets them
+            overlay_dir = Path(tmp)
+            for path, lines in overlay_files.items():
+                dest = overlay_dir / path.removeprefix(f"{PACKAGE}/")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_text("".join(lines))
+        report.contracts = metadata_contract(upstream / PACKAGE, overlay_dir) + config_contract(
+            upstream / PACKAGE, pristine_pkg, overlay_dir, [step.patch for step in steps]
+        )
+    if target:
+        report.contracts = _answered(report.contracts, target)
     if not dry_run:
-        for path, lines in merged.items():
-            (upstream / path).write_text("".join(lines))
-            report.written.append(path)
+        for path, lines in porter.current.items():
+            if any(path in change.after for change in porter.changes):
+                (upstream / path).write_text("".join(lines))
+                report.written.append(path)
         for entry in overlay:
             if entry.replaces or not (upstream / entry.repo_path).exists():  # never overwrite a new upstream file
                 dest = upstream / entry.repo_path
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_bytes(entry.source.read_bytes())
+                dest.write_text("".join(overlay_files[entry.repo_path]))
                 report.written.append(entry.repo_path)
     return report
+
+
+def _answered(results: list[ContractResult], target: Target) -> list[ContractResult]:
+    """Failed contracts the target's patches answer become ok, saying how; an answer to nothing is an error."""
+    out = []
+    used = set()
+    for c in results:
+        answer = target.answers.get(c.subject)
+        if answer is not None and not c.ok:
+            used.add(c.subject)
+            c = ContractResult(
+                c.subject, True, f"answered by target {target.name}: {answer} (check: {c.detail})", c.where
+            )
+        out.append(c)
+    for subject in sorted(set(target.answers) - used):
+        detail = "no failing contract has this subject any more: drop it from answered_contracts"
+        out.append(ContractResult(subject, False, detail, f"patches/targets/{target.name}/target.json"))
+    return out
 
 
 def write_report(report: PortReport, path: Path | None = None) -> Path:

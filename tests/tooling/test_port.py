@@ -14,12 +14,11 @@ from pathlib import Path
 
 import conftest
 import pytest
-from git_repo import git, init_repo
+from git_repo import git
+from scripted_upstream import edit, pristine_package, status, upstream_repo
 from vllm_ascend_patchset import cli
-from vllm_ascend_patchset.assemble import pristine_tree
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, overlay_config_reads
 from vllm_ascend_patchset.hunks import Hunk, parse_diff
-from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
 from vllm_ascend_patchset.port import APPLIES, CONFLICT, MERGED, PortError, port
 from vllm_ascend_patchset.series import PACKAGE, load_overlay, load_patches
 
@@ -28,21 +27,15 @@ ASSEMBLED = conftest.ASSEMBLED
 
 @pytest.fixture(scope="module")
 def pristine() -> Path:
-    pin = Pin.load()
-    return pristine_tree(fetch_wheel(pin, Target.host())) / PACKAGE
+    return pristine_package()
 
 
 def _repo(tmp_path: Path, pristine: Path, change: Callable[[Path], None] | None = None) -> Path:
-    """Pinned files committed as 'pin', then ``change`` committed as 'upstream moves on'."""
+    """The pinned files the series and the contracts read, then ``change``."""
     wanted = {f for p in load_patches() for f in p.files}
     wanted |= {e.repo_path for e in load_overlay() if e.replaces}
     wanted |= {f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"}
-    files = {rel: (pristine.parent / rel).read_bytes() for rel in sorted(wanted)}
-    repo = init_repo(tmp_path / "upstream", files, "pin")
-    if change is not None:
-        change(repo)
-        git(repo, "commit", "-qam", "upstream moves on")
-    return repo
+    return upstream_repo(tmp_path / "upstream", pristine, wanted, change)
 
 
 def _port(repo: Path, pristine: Path, **kwargs):
@@ -61,17 +54,6 @@ def _hunks():
 
 def _unique(text: str, line: str) -> bool:
     return line.strip() != "" and text.count(line) == 1
-
-
-def _edit(repo: Path, path: str, old: str, new: str) -> None:
-    target = repo / path
-    text = target.read_text()
-    assert text.count(old) == 1, f"{old!r} must occur once in {path}"
-    target.write_text(text.replace(old, new))
-
-
-def _status(repo: Path) -> set[str]:
-    return {line[3:] for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()}
 
 
 def test_porting_onto_the_pin_itself_applies_every_hunk_and_reproduces_the_assembly(tmp_path, pristine):
@@ -102,7 +84,7 @@ def test_moved_and_changed_context_merges_cleanly(tmp_path, pristine):
     moved = "".join(f"# upstream added line {i}\n" for i in range(7))
 
     def change(repo: Path) -> None:
-        _edit(repo, path, hunk.old[0], edited)
+        edit(repo, path, hunk.old[0], edited)
         target = repo / path
         target.write_text(moved + target.read_text())
 
@@ -131,7 +113,7 @@ def _removed_line_hunk(pristine: Path) -> tuple[str, str, int, str]:
 def test_a_change_to_a_line_the_hunk_changes_is_a_conflict_named_by_patch_file_and_hunk(tmp_path, pristine, capsys):
     patch, path, number, line = _removed_line_hunk(pristine)
     upstream_line = line.rstrip("\n") + "  # upstream changed this line too\n"
-    repo = _repo(tmp_path, pristine, lambda r: _edit(r, path, line, upstream_line))
+    repo = _repo(tmp_path, pristine, lambda r: edit(r, path, line, upstream_line))
     head = git(repo, "rev-parse", "HEAD")
 
     report = _port(repo, pristine)
@@ -149,7 +131,7 @@ def test_a_change_to_a_line_the_hunk_changes_is_a_conflict_named_by_patch_file_a
     assert merged.count("<<<<<<< upstream") == 1 and f">>>>>>> {patch} {path} hunk {number}\n" in merged
     assert upstream_line in merged
     # only the files the port writes changed; git's HEAD and index are untouched
-    assert _status(repo) == set(report.written)
+    assert status(repo) == set(report.written)
     assert git(repo, "rev-parse", "HEAD") == head and git(repo, "diff", "--cached", "--name-only") == ""
     for rel in set(git(repo, "ls-files").split()) - set(report.written):
         assert git(repo, "diff", "--name-only", "--", rel) == "", rel
@@ -157,14 +139,14 @@ def test_a_change_to_a_line_the_hunk_changes_is_a_conflict_named_by_patch_file_a
 
 def test_the_cli_prints_the_report_and_fails_on_a_conflict(tmp_path, pristine, capsys):
     patch, path, number, line = _removed_line_hunk(pristine)
-    repo = _repo(tmp_path, pristine, lambda r: _edit(r, path, line, "# upstream replaced this line\n"))
+    repo = _repo(tmp_path, pristine, lambda r: edit(r, path, line, "# upstream replaced this line\n"))
     report_file = tmp_path / "report.txt"
     code = cli.main(["port", str(repo), "--dry-run", "--report", str(report_file)])
     out = capsys.readouterr().out
     assert code == 1
     assert f"{patch} {path} hunk {number}" in out and "Dry run: nothing was written" in out
     assert f"{patch} {path} hunk {number}" in report_file.read_text()
-    assert _status(repo) == set(), "a dry run writes nothing into the checkout"
+    assert status(repo) == set(), "a dry run writes nothing into the checkout"
 
 
 def test_a_removed_ascend_metadata_field_fails_the_metadata_contract(tmp_path, pristine):
@@ -174,7 +156,7 @@ def test_a_removed_ascend_metadata_field_fails_the_metadata_contract(tmp_path, p
     lines = source.splitlines(keepends=True)
     removed = "".join(lines[field.lineno - 1 : field.end_lineno])
 
-    repo = _repo(tmp_path, pristine, lambda r: _edit(r, f"{PACKAGE}/{ATTENTION_V1}", removed, ""))
+    repo = _repo(tmp_path, pristine, lambda r: edit(r, f"{PACKAGE}/{ATTENTION_V1}", removed, ""))
     report = _port(repo, pristine, dry_run=True)
     failed = [c for c in report.contracts if not c.ok]
     assert len(failed) == 1 and "AscendMetadata" in failed[0].name
@@ -209,4 +191,4 @@ def test_uncommitted_changes_in_a_file_the_port_writes_are_refused_and_kept(tmp_
     with pytest.raises(PortError, match=rf"uncommitted changes in files the port writes:\n M {path}\ncommit or stash"):
         _port(repo, pristine)
     assert (repo / path).read_text().endswith("# local work\n")
-    assert _status(repo) == {path}
+    assert status(repo) == {path}

@@ -22,7 +22,7 @@ import difflib
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +33,8 @@ from .pin import ROOT
 from .series import OVERLAY_DIR, PACKAGE, OverlayFile, Patch
 from .targets import OverlayPatch, Step, Target, blob_text, git_blob, git_blob_of_text, with_header
 
-APPLIES, MERGED, REFRESHED, CONFLICT = "applies", "merged", "refreshed", "conflict"
+APPLIES, MERGED, REFRESHED, ALREADY, CONFLICT = "applies", "merged", "refreshed", "already there", "conflict"
+_DEFINITION = re.compile(r"^\s*(class|def|async def) \w+")
 REPORT_DIR = ROOT / "build" / "port"
 UPSTREAM_LABEL = "upstream"
 
@@ -80,7 +81,7 @@ class PortReport:
     def patch_status(self, name: str) -> tuple[str, str]:
         """(worst status, summary) of one patch."""
         mine = [h for h in self.hunks if h.patch == name]
-        count = {status: sum(h.status == status for h in mine) for status in (CONFLICT, MERGED, REFRESHED)}
+        count = {status: sum(h.status == status for h in mine) for status in (CONFLICT, MERGED, REFRESHED, ALREADY)}
         unit = "files" if all(h.number == 0 for h in mine) else "hunks"
         if count[CONFLICT]:
             more = f", {count[MERGED]} merged" if count[MERGED] else ""
@@ -89,6 +90,8 @@ class PortReport:
             return REFRESHED, f"changed since it was ported; the change merged into {count[REFRESHED]} {unit}"
         if count[MERGED]:
             return MERGED, f"{count[MERGED]} of {len(mine)} hunks merged (context moved), the rest apply"
+        if count[ALREADY]:
+            return ALREADY, f"{count[ALREADY]} of {len(mine)} {unit} already there, the rest apply"
         return APPLIES, f"all {len(mine)} {unit} apply"
 
     @property
@@ -317,33 +320,60 @@ class Porter:
     def _merge(self, patch: Patch, change: StepChange) -> None:
         """A pinned patch, hunk by hunk, three-way with the pinned files as base."""
         for fd, current in self._target_files(patch, change):
-            before = self._pinned(fd.path)
-            for n, hunk in enumerate(fd.hunks, 1):
-                applied = _apply_hunk(before, hunk, hunk.old_start - 1)
-                if applied is None:
-                    raise DiffError(f"{patch.name}: {fd.path} hunk {n} '{hunk.header}' does not apply to the pin")
-                after, at_pin = applied
-                label = f"{patch.name} {fd.path} hunk {n}"
-                expected = at_pin + len(current) - len(before)
-                at = find_block(current, hunk.old, expected)
-                text, conflicts = merge_file(
-                    "".join(current), "".join(before), "".join(after), (UPSTREAM_LABEL, self.pin_name, label)
-                )
-                merged = text.splitlines(keepends=True)
-                if conflicts:
-                    status, detail = CONFLICT, _conflict_detail(text, label)
-                elif at is not None:
-                    offset = at - at_pin
-                    status = APPLIES
-                    detail = f"at line {at + 1}" + (f" ({offset:+d} lines from the pin)" if offset else "")
-                else:
-                    landed = find_block(merged, hunk.added, expected) if hunk.added else None
-                    where = f"; its lines are at line {landed + 1}" if landed is not None else ""
-                    status, detail = MERGED, f"context changed upstream, three-way merge is clean{where}"
-                self.hunks.append(HunkResult(patch.name, fd.path, n, hunk.header, status, detail))
-                before, current = after, merged
-            self.pinned[fd.path], self.current[fd.path] = before, current
-            change.after[fd.path] = current
+            pinned, merged = self._merge_hunks(
+                patch.name, f"{patch.name} {fd.path}", fd, self._pinned(fd.path), current
+            )
+            self.pinned[fd.path], self.current[fd.path] = pinned, merged
+            change.after[fd.path] = merged
+
+    def _merge_hunks(
+        self,
+        name: str,
+        label: str,
+        fd: FileDiff,
+        before: list[str],
+        current: list[str],
+        removed_by: Collection[str] = (),
+    ) -> tuple[list[str], list[str]]:
+        """Merge ``fd``'s hunks (made on ``before``) into ``current`` one by one; returns both texts after them.
+
+        A hunk whose new text is already in ``current`` and whose old text is not is
+        already there; so is a deletion of definitions (``class``/``def`` lines) that
+        ``removed_by`` (the lines the target's own version removes) removes as well.
+        """
+        for n, hunk in enumerate(fd.hunks, 1):
+            applied = _apply_hunk(before, hunk, hunk.old_start - 1)
+            if applied is None:
+                raise DiffError(f"{label} hunk {n} '{hunk.header}' does not apply to the text it was made on")
+            after, at_pin = applied
+            hunk_label = f"{label} hunk {n}"
+            expected = at_pin + len(current) - len(before)
+            at = find_block(current, hunk.old, expected)
+            definitions = [line for line in hunk.removed if _DEFINITION.match(line)]
+            if at is None and (
+                find_block(current, hunk.new, expected) is not None
+                or (not hunk.added and definitions and set(definitions) <= removed_by)
+            ):
+                self.hunks.append(HunkResult(name, fd.path, n, hunk.header, ALREADY, "its change is already there"))
+                before = after
+                continue
+            text, conflicts = merge_file(
+                "".join(current), "".join(before), "".join(after), (UPSTREAM_LABEL, self.pin_name, hunk_label)
+            )
+            merged = text.splitlines(keepends=True)
+            if conflicts:
+                status, detail = CONFLICT, _conflict_detail(text, hunk_label)
+            elif at is not None:
+                offset = at - at_pin
+                status = APPLIES
+                detail = f"at line {at + 1}" + (f" ({offset:+d} lines from the pin)" if offset else "")
+            else:
+                landed = find_block(merged, hunk.added, expected) if hunk.added else None
+                where = f"; its lines are at line {landed + 1}" if landed is not None else ""
+                status, detail = MERGED, f"context changed upstream, three-way merge is clean{where}"
+            self.hunks.append(HunkResult(name, fd.path, n, hunk.header, status, detail))
+            before, current = after, merged
+        return before, current
 
     def _apply(self, patch: Patch, change: StepChange) -> None:
         """A target patch, made on the target: each hunk's old text must be there (zero fuzz)."""
@@ -369,7 +399,6 @@ class Porter:
         old = {fd.path: fd.hunks for fd in parse_diff(old_text, f"{step.stands_for.name} as ported")}
         new = {fd.path: fd.hunks for fd in parse_diff(step.stands_for.diff, step.stands_for.name)}
         mine = {fd.path: fd.hunks for fd in parse_diff(step.patch.diff, step.patch.name)}
-        label = f"{step.stands_for.name} now"
         for path in dict.fromkeys([*mine, *old, *new]):
             current = self._current(path)
             if current is None:
@@ -383,18 +412,20 @@ class Porter:
             except DiffError as exc:
                 self.hunks.append(HunkResult(step.patch.name, path, 0, "(whole file)", CONFLICT, str(exc)))
                 continue
-            text, conflicts = merge_file(
-                "".join(target_old), "".join(pinned_old), "".join(pinned_new), (UPSTREAM_LABEL, self.pin_name, label)
-            )
-            if conflicts:
-                status, detail = CONFLICT, _conflict_detail(text, label)
-            else:
-                status = REFRESHED
-                detail = f"{step.stands_for.name} changed since this target version was made; the change merged cleanly"
-            self.hunks.append(HunkResult(step.patch.name, path, 0, "(whole file)", status, detail))
+            delta = parse_diff(_diff_lines(pinned_old, pinned_new, path, False), path)
+            removed_by = {line for hunk in mine.get(path, ()) for line in hunk.removed}
+            label = f"{step.patch.name} {path}: the change of {step.stands_for.name} since the port,"
+            first = len(self.hunks)
+            for fd in delta:
+                _, target_old = self._merge_hunks(step.patch.name, label, fd, pinned_old, target_old, removed_by)
+            for i in range(first, len(self.hunks)):  # a clean merge of the change refreshes the target version
+                h = self.hunks[i]
+                if h.status in (APPLIES, MERGED):
+                    detail = f"{step.stands_for.name} changed since the port; the change merged ({h.detail})"
+                    self.hunks[i] = HunkResult(h.patch, h.path, h.number, h.header, REFRESHED, detail)
             change.before.setdefault(path, current)
             self.pinned[path] = pinned_new
-            self.current[path] = change.after[path] = text.splitlines(keepends=True)
+            self.current[path] = change.after[path] = target_old
         if not any(h.status == CONFLICT for h in self.hunks if h.patch == step.patch.name):
             header = dict(step.patch.header)
             header["Ported-From"] = f"{step.stands_for.name} {git_blob(step.stands_for.path)}"

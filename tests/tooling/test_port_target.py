@@ -18,7 +18,7 @@ from scripted_upstream import edit, pristine_package, status, upstream_repo
 from vllm_ascend_patchset import series as series_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.diffs import _diff_lines
-from vllm_ascend_patchset.port import APPLIES, CONFLICT, REFRESHED, _answered, port
+from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port
 from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_overlay, load_patches
 from vllm_ascend_patchset.target_diffs import TargetDiffsError, write_target_diffs
 from vllm_ascend_patchset.targets import git_blob, load_target, with_header
@@ -204,3 +204,43 @@ def test_an_answered_contract_is_ok_and_says_how_and_an_unused_answer_fails(worl
         and not results[2].ok
         and "drop it from answered_contracts" in results[2].detail
     )
+
+
+SERVICE_DEF = (
+    "def register_service_profiling():\n"
+    "    _ensure_global_patch()\n\n"
+    "    from .profiling_config import generate_service_profiling_config\n\n"
+    "    generate_service_profiling_config()\n\n\n"
+)
+
+
+def test_a_pinned_deletion_the_target_version_already_makes_is_already_there(world):
+    """Upstream changed the definition and the line after it: a plain merge of the deletion would conflict."""
+    edit(
+        world.upstream,
+        INIT,
+        "    generate_service_profiling_config()\n",
+        "    generate_service_profiling_config(True)\n",
+    )
+    edit(
+        world.upstream,
+        INIT,
+        "    from .models import register_model\n",
+        "    from .models import register_model as models\n",
+    )
+    git(world.upstream, "commit", "-qam", "upstream changes the definition")
+    upstream_text = (world.upstream / INIT).read_text()
+    upstream_def = SERVICE_DEF.replace("config()\n", "config(True)\n")
+    ported = _marked(upstream_text, ret=UPSTREAM_RETURN).replace(upstream_def, "")
+    ported_from = f"{NAME} {git_blob(world.patches / NAME)}"
+    (world.folder / NAME).write_text(_patch_text(upstream_text, ported, **{"Ported-From": ported_from}))
+    git(world.patches.parent, "commit", "-qam", "the target version also drops the definition")
+    (world.patches / NAME).write_text(
+        _patch_text(world.pinned_text, _marked(world.pinned_text).replace(SERVICE_DEF, ""))
+    )
+
+    report = world.port(target=world.target())
+    statuses = [h.status for h in report.hunks]
+    assert ALREADY in statuses and CONFLICT not in statuses and report.ok, report.render()
+    assert (world.upstream / INIT).read_text() == ported
+    assert f"Ported-From: {NAME} {git_blob(world.patches / NAME)}" in report.porter.refreshed[world.folder / NAME]

@@ -4,8 +4,12 @@ Each patch of ``patches/series`` is merged into the checkout hunk by hunk, with 
 three-way merge whose base is the pinned release's own files (the pristine tree the
 build unpacks, with the earlier patches applied): the hunk *applies* when its old
 text is still in the file, is *merged* when the context moved or changed but the merge
-is clean, and is a *conflict* when upstream changed lines the hunk changes; the report
-shows that upstream change. Then the overlay is copied in, and for every overlay file
+is clean, is *already there* when upstream already has its change, and is a
+*conflict* when upstream changed lines the hunk changes; the report shows that upstream
+change. A target's series (``targets.py``) also has target versions of pinned patches,
+applied with zero fuzz, or *refreshed* when the pinned patch changed since they were
+made (that change is merged into them the same way). Then the overlay is copied in
+(with the target's overlay patches), and for every overlay file
 that replaces an upstream file the report shows whether (and how) upstream changed
 that file since the pin, so the overlay can absorb it. Last, the metadata and config
 contracts (``contracts.py``) run against the checkout.
@@ -47,10 +51,11 @@ class PortError(RuntimeError):
 class HunkResult:
     patch: str
     path: str
-    number: int  # 1-based, within this file of this patch
+    number: int  # 1-based, within this file of this patch (0: see below)
     header: str
-    status: str  # APPLIES | MERGED | CONFLICT
+    status: str  # APPLIES | MERGED | ALREADY | REFRESHED | CONFLICT
     detail: str  # where it went, or the conflicting upstream change
+    # number 0: a result for a whole file (a target patch on an overlay file, or one that no longer applies)
 
 
 @dataclass(frozen=True)

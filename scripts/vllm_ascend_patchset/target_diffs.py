@@ -142,7 +142,14 @@ def write_target_diffs(
             if replaces:
                 (target_files / entry.repo_path).parent.mkdir(parents=True, exist_ok=True)
                 (target_files / entry.repo_path).write_bytes(files[entry.repo_path])
-        assembly = Assembly(Platform.host(), work / "ported", target_files, Path(), tuple(patches), tuple(entries))
+        assembly = Assembly(
+            target=Platform.host(),
+            root=work / "ported",
+            pristine=target_files,
+            wheel=Path(),
+            patches=tuple(patches),
+            overlay=tuple(entries),
+        )
         written = write_diffs(assembly, out_dir)
         (out_dir / "ORDER").write_text(
             f"Apply the series in this order on {target.repository} {target.ref} at {target.commit} "

@@ -46,9 +46,10 @@ def test_the_port_contract_reads_the_field_sets_the_splitter_uses():
     }
     assert contracts.metadata_contract(ATTENTION_V1.parents[1], conftest.ROOT / "vllm_ascend_overlay") == [
         contracts.ContractResult(
-            "AscendMetadata fields (attention/attention_v1.py)",
+            "AscendMetadata fields",
             True,
             f"{len(ascend_metadata_fields())} fields, all known",
+            "attention/attention_v1.py",
         )
     ]
 

@@ -4,11 +4,14 @@ VENV ?= .venv
 PY ?=
 ARCH ?=
 VERSION ?=
+UPSTREAM_SRC ?=
+DRY_RUN ?=
+TARGET ?=
 TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs check-pin lint format bench clean
+.PHONY: wheel wheels assemble test venv diffs check-pin port lint format bench clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -25,12 +28,16 @@ venv:             ## the CPU test environment in .venv
 test: venv assemble
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
 
-diffs:            ## git am-able series per feature under dist/upstream/
-	$(TOOL) diffs
+diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/)
+	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)")
 
 check-pin:        ## does the series apply to another release? make check-pin VERSION=x.y.z
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }
 	$(TOOL) check-pin $(VERSION)
+
+port:             ## merge the series into a vllm-ascend git checkout and report: make port UPSTREAM_SRC=path [DRY_RUN=1]
+	@test -n "$(UPSTREAM_SRC)" || { echo "usage: make port UPSTREAM_SRC=<vllm-ascend git checkout> [DRY_RUN=1]" >&2; exit 2; }
+	$(TOOL) port "$(UPSTREAM_SRC)" $(TARGET_ARGS) $(if $(TARGET),--target $(TARGET)) $(if $(DRY_RUN),--dry-run)
 
 bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP and ours on the committed CPU surface
 	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface tests/data/cpu_surface.csv \

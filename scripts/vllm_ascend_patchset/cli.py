@@ -40,9 +40,38 @@ def cmd_diffs(args: argparse.Namespace) -> int:
     from .assemble import assemble
     from .diffs import write_diffs
 
+    if args.target:
+        return _target_diffs(args)
     written = write_diffs(assemble(_target(args)))
     for feature, paths in written.items():
         print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
+    return 0
+
+
+def _target_diffs(args: argparse.Namespace) -> int:
+    from .assemble import pristine_tree
+    from .pin import fetch_wheel
+    from .series import PACKAGE
+    from .target_diffs import write_target_diffs
+    from .targets import load_target
+
+    if not args.upstream_src:
+        raise ValueError(
+            "diffs --target needs --upstream-src <vllm-ascend git checkout> (make diffs TARGET=x UPSTREAM_SRC=path)"
+        )
+    pin = Pin.load()
+    target = load_target(args.target)
+    result = write_target_diffs(
+        target,
+        Path(args.upstream_src),
+        pristine_pkg=pristine_tree(fetch_wheel(pin, _target(args))) / PACKAGE,
+        pin_name=pin.git_tag,
+    )
+    for path in result.refreshed:
+        print(f"refreshed {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    for feature, paths in result.written.items():
+        print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
+    print(f"for {target.repository} {target.ref} at {target.commit}; replayed with git am: identical to the port")
     return 0
 
 
@@ -55,6 +84,29 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
     failed = sum(not r.ok for r in results)
     print(f"{len(results) - failed} of {len(results)} apply to vllm-ascend {args.version}")
     return 1 if failed else 0
+
+
+def cmd_port(args: argparse.Namespace) -> int:
+    from .assemble import pristine_tree
+    from .pin import fetch_wheel
+    from .port import port, write_report
+    from .series import PACKAGE, load_overlay, load_patches
+    from .targets import load_target
+
+    pin = Pin.load()
+    pristine = pristine_tree(fetch_wheel(pin, _target(args))) / PACKAGE
+    report = port(
+        Path(args.upstream_src),
+        patches=load_patches(),
+        overlay=load_overlay(),
+        pristine_pkg=pristine,
+        pin_name=pin.git_tag,
+        dry_run=args.dry_run,
+        target=load_target(args.target) if args.target else None,
+    )
+    print(report.render(full=False), end="")
+    print(f"Full report (with the upstream diffs of replaced files): {write_report(report, args.report)}")
+    return 0 if report.ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("diffs", help="git am-able series per feature under dist/upstream/")
     p.add_argument("--py")
     p.add_argument("--arch")
+    p.add_argument("--target", help="the series for patches/targets/TARGET (e.g. main), in dist/upstream-TARGET/")
+    p.add_argument("--upstream-src", help="with --target: a vllm-ascend git checkout that has the target's commit")
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     p = sub.add_parser("check-pin", help="report whether each patch applies to another upstream release")
@@ -84,6 +138,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--py")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_check_pin)
+    p = sub.add_parser(
+        "port",
+        help="three-way merge the series into a vllm-ascend git checkout and report per patch and hunk",
+    )
+    p.add_argument("upstream_src", help="a vllm-ascend git checkout (its work tree receives the port)")
+    p.add_argument("--dry-run", action="store_true", help="report only; write nothing into the checkout")
+    p.add_argument("--target", help="port the series of patches/targets/TARGET (e.g. main) instead of the pinned one")
+    p.add_argument("--report", type=Path, help="where to write the full report (default: build/port/<ref>.txt)")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_port)
     args = parser.parse_args(argv)
     try:
         return args.func(args)

@@ -12,6 +12,7 @@ import dataclasses
 
 import conftest
 from vllm_ascend.dual_stream.split import HANDLED_FIELDS, KNOWN_FIELDS, PASSTHROUGH_FIELDS, REQUIRED_DEFAULT_FIELDS
+from vllm_ascend_patchset import contracts
 
 from dual_stream.batches import FakeAscendMetadata, FakeAttentionState
 
@@ -19,15 +20,11 @@ ATTENTION_V1 = conftest.ASSEMBLED / "vllm_ascend" / "attention" / "attention_v1.
 MASK_MODULE = conftest.ASSEMBLED / "vllm_ascend" / "attention" / "attention_mask.py"
 
 
-def _class(tree: ast.Module, name: str) -> ast.ClassDef:
-    return next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == name)
+_class = contracts.class_def
 
 
 def ascend_metadata_fields() -> list[str]:
-    cls = _class(ast.parse(ATTENTION_V1.read_text()), "AscendMetadata")
-    return [
-        node.target.id for node in cls.body if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-    ]
+    return contracts.ascend_metadata_fields(ATTENTION_V1)
 
 
 def test_every_ascend_metadata_field_is_handled_passed_through_or_required_default():
@@ -37,6 +34,24 @@ def test_every_ascend_metadata_field_is_handled_passed_through_or_required_defau
     assert not unknown, f"AscendMetadata has new field(s) {unknown}: decide how dual_stream/split.py splits them"
     gone = sorted(KNOWN_FIELDS - set(upstream))
     assert not gone, f"AscendMetadata no longer has {gone}: update dual_stream/split.py"
+
+
+def test_the_port_contract_reads_the_field_sets_the_splitter_uses():
+    """``make port`` checks another upstream against split.py's literals; they must be these sets."""
+    sets = contracts.splitter_field_sets(conftest.ROOT / "vllm_ascend_overlay" / contracts.SPLITTER)
+    assert sets == {
+        "HANDLED_FIELDS": HANDLED_FIELDS,
+        "PASSTHROUGH_FIELDS": PASSTHROUGH_FIELDS,
+        "REQUIRED_DEFAULT_FIELDS": frozenset(REQUIRED_DEFAULT_FIELDS),
+    }
+    assert contracts.metadata_contract(ATTENTION_V1.parents[1], conftest.ROOT / "vllm_ascend_overlay") == [
+        contracts.ContractResult(
+            "AscendMetadata fields",
+            True,
+            f"{len(ascend_metadata_fields())} fields, all known",
+            "attention/attention_v1.py",
+        )
+    ]
 
 
 def test_field_sets_do_not_overlap():

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
 import zipfile
-from pathlib import Path
 
 import pytest
+from git_repo import git, init_repo
 from vllm_ascend_patchset.assemble import assemble
 from vllm_ascend_patchset.diffs import write_diffs
 from vllm_ascend_patchset.pin import Pin, Target
@@ -39,41 +38,23 @@ def test_wheel_is_verified_installable_and_reproducible(assembly, tmp_path):
         assert "vllm_ascend:register" in ep
 
 
-def _git(cwd: Path, *args: str) -> str:
-    env = {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-        "HOME": str(cwd),
-        "PATH": "/usr/bin:/bin",
-    }
-    res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, f"git {' '.join(args)}:\n{res.stdout}{res.stderr}"
-    return res.stdout
-
-
 def test_each_series_applies_with_git_am_and_reproduces_the_assembly(assembly, tmp_path):
     written = write_diffs(assembly, tmp_path / "upstream")
     assert written, "the series must produce at least one feature"
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    for path in (assembly.pristine / "vllm_ascend").rglob("*.py"):
-        dest = repo / path.relative_to(assembly.pristine)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(path.read_bytes())
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "pristine v0.23.0")
+    files = {
+        p.relative_to(assembly.pristine).as_posix(): p.read_bytes()
+        for p in (assembly.pristine / "vllm_ascend").rglob("*.py")
+    }
+    repo = init_repo(tmp_path / "repo", files, "pristine v0.23.0")
     order = (tmp_path / "upstream" / "ORDER").read_text().splitlines()[1:]
     assert order == list(written)
     touched = set()
     for feature in order:
-        _git(repo, "am", "-q", *[str(p) for p in written[feature]])
-        touched |= set(_git(repo, "diff", "--name-only", f"HEAD~{len(written[feature])}", "HEAD").split())
+        git(repo, "am", "-q", *[str(p) for p in written[feature]])
+        touched |= set(git(repo, "diff", "--name-only", f"HEAD~{len(written[feature])}", "HEAD").split())
     expected = {f for p in assembly.patches for f in p.files} | {e.repo_path for e in assembly.overlay}
     assert touched == expected
     for rel in sorted(touched):
         assert (repo / rel).read_bytes() == (assembly.root / rel).read_bytes(), rel
-    log = _git(repo, "log", "--format=%s")
+    log = git(repo, "log", "--format=%s")
     assert "[PATCH" not in log and "build: Log the patch set at platform registration" in log

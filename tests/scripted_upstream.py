@@ -1,0 +1,40 @@
+"""A scripted vllm-ascend upstream for the port tests: pinned files in git, then scripted changes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from git_repo import git, init_repo
+from vllm_ascend_patchset.assemble import pristine_tree
+from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
+from vllm_ascend_patchset.series import PACKAGE
+
+
+def pristine_package() -> Path:
+    """The pinned release's vllm_ascend/ (unpacked from the cached pinned wheel)."""
+    return pristine_tree(fetch_wheel(Pin.load(), Target.host())) / PACKAGE
+
+
+def upstream_repo(
+    path: Path, pristine: Path, files: Iterable[str], change: Callable[[Path], None] | None = None
+) -> Path:
+    """``files`` (repo paths) as pinned, committed as 'pin'; then ``change`` committed as 'upstream moves on'."""
+    repo = init_repo(path, {rel: (pristine.parent / rel).read_bytes() for rel in sorted(set(files))}, "pin")
+    if change is not None:
+        change(repo)
+        git(repo, "commit", "-qam", "upstream moves on")
+    return repo
+
+
+def edit(repo: Path, path: str, old: str, new: str) -> None:
+    """Replace the one occurrence of ``old`` in ``repo/path``."""
+    target = repo / path
+    text = target.read_text()
+    assert text.count(old) == 1, f"{old!r} must occur once in {path}"
+    target.write_text(text.replace(old, new))
+
+
+def status(repo: Path) -> set[str]:
+    """Paths git reports as changed or untracked."""
+    return {line[3:] for line in git(repo, "status", "--porcelain", "--untracked-files=all").splitlines()}

@@ -12,11 +12,12 @@ large chunks do the opposite. The rule, from the fitted latency model t(C, H)
 (core/cpp_latency_model.py) alone:
 
 1. Every batch gets one time budget, the *target* T. A prefill at history H gets the
-   largest chunk whose time fits what is left of T, but never more than the chunk that
-   is cheapest per token, C*(H) = sqrt((c0 + c2*H) / c3), where the fixed and history
-   costs balance the quadratic one: a larger chunk would cost more per token and
-   buy nothing. Chunks are multiples of ``ALIGN_TOKENS`` (or a request's final tail),
-   and shrink as history grows, so batch times stay equal and the stages stay in step.
+   largest chunk whose time fits what is left of T, but never more than C*(H), the
+   size that does the prompt's work fastest: over a whole prompt the chunks' attention
+   over history sums to c4 * (N^2 - sum C_i^2) / 2, so a chunk of C tokens costs
+   (c0 + c2*H)/C + (c3 - c4/2)*C per token beyond what no chunking changes, least at
+   C*(H) = sqrt((c0 + c2*H) / (c3 - c4/2)). Chunks shrink as history grows, so batch
+   times stay equal and the stages stay in step.
 2. T is chosen (``ChunkRule.plan_target``) to minimise the predicted mean TTFT of the
    prefills the scheduler holds, given P: for each candidate T the chunks of every
    held prefill follow from rule 1, their total time is integrated over the prompt
@@ -27,9 +28,15 @@ large chunks do the opposite. The rule, from the fitted latency model t(C, H)
    search runs only when the set of prefills changes, never per step.
 3. The engine keeps at most P batches in flight, so a batch shorter than the one P
    places before it cannot start earlier: a fall in batch time is not a gain for one
-   pipeline round. The planner counts the largest batch still in flight in the fill
-   and drain term, so T does not drop for a gain it cannot have; equal-time batches
-   never fall, and the 16-token granularity keeps the steps of shrinking chunks small.
+   pipeline round. So chunks are any whole number of tokens (a coarser grid makes batch
+   times fall at every step down in size), and the planner counts the largest batch
+   still in flight in the fill and drain term, so T does not drop for a gain it cannot
+   have.
+4. Decodes ride in the same batches and wait for each one, so their inter-token latency
+   grows with T. When decodes are present the planner takes the shortest T whose
+   prefill work is within ``DECODE_WORK_SLACK`` (2%) of that of the TTFT-best T: where
+   the work is flat in T (deep histories, small fixed cost) batches get much shorter for
+   almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
 
 ``StepBudget`` applies rule 1 within one scheduling step: running decodes are reserved
 first (never cut), then each prefill, in vLLM's order, is granted a chunk; the step's
@@ -47,20 +54,20 @@ import numpy as np
 
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
-__all__ = ["ALIGN_TOKENS", "ChunkLimits", "ChunkRule", "StepBudget"]
+__all__ = ["DEFAULT_FLOOR_TOKENS", "ChunkLimits", "ChunkRule", "StepBudget"]
 
-ALIGN_TOKENS = 16  # chunk granularity: the edge of the NPU's matrix tile
+DEFAULT_FLOOR_TOKENS = 64  # the step's first prefill advances by at least this much
 PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
 _PLAN_PANELS = 16  # Simpson panels per prefill
 _PLAN_GRID = 32  # candidate targets per search round (two rounds)
-DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
+DECODE_WORK_SLACK = float(__import__("os").environ.get("CPP_SLACK", "0.02"))  # with decodes in the batches: the shortest batch within 2% of the best work
 
 
-def align_down(tokens: float, align: int = ALIGN_TOKENS) -> int:
-    """Round down to a multiple of ``align``, forgiving float error in a root that is exact in theory."""
+def whole_tokens(tokens: float) -> int:
+    """Round down to whole tokens, forgiving float error in a root that is exact in theory."""
     if not tokens < 1e15:
-        return int(1e15) // align * align
-    return int(math.floor(tokens / align + 1e-9)) * align
+        return 10**15
+    return max(0, int(math.floor(tokens + 1e-9)))
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,18 @@ class ChunkLimits:
 
     max_chunk_tokens: int  # vLLM's per-step token budget (max_num_batched_tokens)
     max_model_len: int
-    min_chunk_tokens: int = ALIGN_TOKENS  # floor of the step's first prefill chunk
+    min_chunk_tokens: int = DEFAULT_FLOOR_TOKENS  # the step's first prefill advances by at least this
     smooth_factor: float = 1.0  # 1: the rule's chunk; < 1 blends it towards max_chunk_tokens
     tail_tolerance: float = 0.0  # a request's final tail may take the target * (1 + this)
     max_batch_ms: float | None = None  # upper bound of the target
 
     @property
     def floor_tokens(self) -> int:
-        return max(ALIGN_TOKENS, align_down(self.min_chunk_tokens))
+        return max(1, min(self.min_chunk_tokens, self.max_chunk_tokens))
 
     @property
     def cap_tokens(self) -> int:
-        return max(ALIGN_TOKENS, align_down(self.max_chunk_tokens))
+        return max(1, self.max_chunk_tokens)
 
 
 class ChunkRule:
@@ -99,14 +106,22 @@ class ChunkRule:
 
     # ------------------------------------------------------------------ chunk sizes
     def efficient_tokens(self, history_tokens: float) -> float:
-        """C*(H): the chunk with the least time per token at this history (inf without a C^2 term)."""
+        """C*(H): the chunk size that does a prompt's work in the least time around this history.
+
+        Over a whole prompt the chunks' attention over history adds up to
+        c4 * (N^2 - sum C_i^2) / 2, so a chunk of C tokens effectively costs
+        (c0 + c2*H)/C + (c3 - c4/2)*C per token beyond the terms no chunking changes;
+        the minimum is at sqrt((c0 + c2*H) / (c3 - c4/2)). Without a net quadratic term
+        (c3 <= c4/2) larger chunks are always cheaper: inf.
+        """
         model = self.model
-        if model.c3_ms <= 0:
+        net_quadratic_ms = model.c3_ms - model.c4_ms / 2.0
+        if net_quadratic_ms <= 0:
             return math.inf
-        return math.sqrt((model.c0_ms + model.c2_ms * history_tokens) / model.c3_ms)
+        return math.sqrt((model.c0_ms + model.c2_ms * history_tokens) / net_quadratic_ms)
 
     def _context_cap(self, history_tokens: int) -> int:
-        return min(self.limits.cap_tokens, align_down(self.limits.max_model_len - history_tokens))
+        return min(self.limits.cap_tokens, whole_tokens(self.limits.max_model_len - history_tokens))
 
     def wanted_chunk(self, history_tokens: int, remaining_tokens: int, target_ms: float) -> int:
         """The chunk of a request alone in a batch of ``target_ms``: rule 1, smoothing, floor and caps."""
@@ -120,7 +135,7 @@ class ChunkRule:
         )
         blended = limits.max_chunk_tokens + limits.smooth_factor * (raw - limits.max_chunk_tokens)
         cap = self._context_cap(history_tokens)
-        chunk = min(max(align_down(blended), limits.floor_tokens), cap)
+        chunk = min(max(whole_tokens(blended), limits.floor_tokens), cap)
         if remaining_tokens <= chunk:
             return remaining_tokens  # the request's final tail
         if chunk <= 0:  # the request runs into max_model_len: what is left of the context
@@ -135,7 +150,7 @@ class ChunkRule:
         return chunk
 
     def chunk_within(self, history_tokens: int, budget_ms: float, remaining_tokens: int) -> int:
-        """Largest chunk with request_ms <= budget_ms: aligned, or all remaining tokens; 0 if none fits."""
+        """Largest chunk with request_ms <= budget_ms (or all remaining tokens); 0 if none fits."""
         if remaining_tokens <= 0 or not budget_ms > 0:
             return 0
         limits = self.limits
@@ -144,15 +159,15 @@ class ChunkRule:
             return 0
         raw = self.model.chunk_for_request_ms(history_tokens, budget_ms)
         if raw >= limit:
-            return limit if limit == remaining_tokens else align_down(limit)
-        return align_down(raw)
+            return limit
+        return whole_tokens(raw)
 
     # ------------------------------------------------------------------ the target
     def target_bounds(self, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
-        """Targets worth searching: one aligned unit at the deepest history, up to a full cap there."""
+        """Targets worth searching: a floor-sized chunk at the deepest history, up to a full cap there."""
         model, limits = self.model, self.limits
         deepest = max((history + remaining for history, remaining in prefills), default=0)
-        low = fixed_ms + model.request_ms(ALIGN_TOKENS, deepest)
+        low = fixed_ms + model.request_ms(limits.floor_tokens, deepest)
         high = fixed_ms + model.request_ms(limits.cap_tokens, deepest)
         if limits.max_batch_ms is not None:
             high = min(high, limits.max_batch_ms)
@@ -210,15 +225,17 @@ class ChunkRule:
             for_time = np.where(
                 spare > 0, 2.0 * spare / (slope + np.sqrt(slope * slope + 4.0 * c3 * np.maximum(spare, 0.0))), 0.0
             )
-            efficient = np.sqrt((fixed_ms + c2 * history) / c3) if c3 > 0 else np.inf
+            net_quadratic = c3 - c4 / 2.0
+            efficient = np.sqrt((fixed_ms + c2 * history) / net_quadratic) if net_quadratic > 0 else np.inf
             cap = np.minimum(float(limits.cap_tokens), limits.max_model_len - history)
             chunk = np.minimum(np.minimum(for_time, efficient), cap)
             chunk = limits.max_chunk_tokens + limits.smooth_factor * (chunk - limits.max_chunk_tokens)
             chunk = np.minimum(np.maximum(chunk, limits.floor_tokens), cap)
-            chunk = chunk - ALIGN_TOKENS / 2  # rounding down loses half a unit on average
             feasible = np.all(chunk > 0, axis=(1, 2))
             chunk = np.maximum(chunk, 1.0)
-            per_token_ms = (fixed_ms + c2 * history) / chunk + c1 + c3 * chunk + c4 * history
+            # A chunk covering position H starts at about H - C/2: its attention over history
+            # and its history read are counted from there.
+            per_token_ms = (fixed_ms + c2 * (history - chunk / 2)) / chunk + c1 + (c3 - c4 / 2) * chunk + c4 * history
             work_ms = (per_token_ms @ weights) * remaining / (6.0 * _PLAN_PANELS)  # (targets, prefills)
             chunk_ms = fixed_ms + c2 * history + chunk * (c1 + c3 * chunk + c4 * history)
         largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)

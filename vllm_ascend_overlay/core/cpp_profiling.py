@@ -33,7 +33,6 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS
 from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
 
@@ -139,7 +138,6 @@ def initialise_profile(
         repeats=config.profile_repeats,
         history_points=config.profile_history_points,
         max_history_tokens=max_history_tokens,
-        align=ALIGN_TOKENS,
     )
     try:
         samples = collect_samples(measure, plan, warmup=(base_chunk_tokens, 0))

@@ -10,7 +10,7 @@ importing upstream's ``vllm_ascend.core.profiling_chunk_predictor`` finds CPP he
 """
 
 from vllm_ascend.core.cpp_calibration import CalibrationRow, OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS, ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, StepBudget
 from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept, batch_features
 from vllm_ascend.core.cpp_profile_store import (
     PROFILE_SCHEMA_VERSION,
@@ -23,7 +23,7 @@ from vllm_ascend.core.cpp_profile_store import (
 )
 
 __all__ = [
-    "ALIGN_TOKENS",
+    "DEFAULT_FLOOR_TOKENS",
     "PROFILE_SCHEMA_VERSION",
     "CalibrationRow",
     "ChunkLimits",

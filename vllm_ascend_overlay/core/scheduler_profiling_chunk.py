@@ -38,7 +38,7 @@ from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import PLAN_MAX_PREFILLS, ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, PLAN_MAX_PREFILLS, ChunkLimits, ChunkRule, StepBudget
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
@@ -106,7 +106,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         limits = ChunkLimits(
             max_chunk_tokens=base_tokens,
             max_model_len=self.max_model_len,
-            min_chunk_tokens=config.min_chunk or 0,
+            min_chunk_tokens=DEFAULT_FLOOR_TOKENS if config.min_chunk is None else config.min_chunk,
             smooth_factor=config.smooth_factor,
             tail_tolerance=config.tail_tolerance,
             max_batch_ms=config.max_batch_ms,
@@ -131,6 +131,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
     @property
     def uses_schedule_hooks(self) -> bool:
         return self._cpp_budget is not None
+
+    @property
+    def cpp_rule(self) -> ChunkRule | None:
+        """The chunk rule of the accepted latency model (None: fixed chunking)."""
+        return None if self._cpp_budget is None else self._cpp_budget.rule
 
     @property
     def cpp_target_ms(self) -> float | None:

@@ -3,7 +3,8 @@
 tp_worker.py runs vLLM's real Qwen3 layers through the patch set's model class, with a
 CPU reference attention on a paged KV cache, over a mixed batch with cached history, an
 all-fresh prefill batch and a decode-only batch, for every split strategy and CPU
-backend; plus a batch whose split the length threshold refuses, and a mutated schedule.
+backend; plus a batch whose split the length threshold refuses, a mutated schedule, a
+fault in the split decision, and last a fault on one rank only.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import conftest
 import pytest
@@ -63,21 +65,32 @@ def tp_runs(tmp_path_factory):
         procs.append(
             subprocess.Popen([*cmd, str(work / f"rank{rank}.json")], env=env, cwd=work, stderr=subprocess.PIPE)
         )
-    stderr = []
+    stderr, timed_out = [], []
+    deadline = time.monotonic() + TIMEOUT_S
     try:
-        for proc in procs:
-            stderr.append(proc.communicate(timeout=TIMEOUT_S)[1].decode(errors="replace"))
+        for rank, proc in enumerate(procs):
+            try:
+                stderr.append(proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[1])
+            except subprocess.TimeoutExpired:  # a hung collective: recorded, the rank is killed below
+                timed_out.append(rank)
+                proc.kill()
+                stderr.append(proc.communicate()[1])
     finally:
-        for proc in procs:  # never leave a rank behind (a hung collective)
+        for proc in procs:  # never leave a rank behind
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     results = []
     for rank in range(WORLD):
         path = work / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote no result:\n{stderr[rank][-4000:]}"
+        log = stderr[rank].decode(errors="replace")[-4000:]
+        assert path.exists(), f"rank {rank} wrote no result:\n{log}"
         result = json.loads(path.read_text())
         assert not result["errors"], f"rank {rank} failed:\n" + "\n".join(result["errors"])
+        fault = work / f"rank{rank}.json.fault.json"
+        result["one_rank_fault"] = json.loads(fault.read_text()) if fault.exists() else None
+        result["timed_out"] = rank in timed_out
+        result["stderr_tail"] = log
         results.append(result)
     return results
 
@@ -128,14 +141,29 @@ def test_removing_a_wait_of_the_schedule_is_caught(tp_runs, wait):
         assert run["max_out_diff"] > 100 * TOLERANCE * max(1.0, run["out_scale"]), run
 
 
-def test_a_runtime_fault_falls_back_to_single_stream_with_one_warning(tp_runs):
+def test_a_fault_in_the_split_decision_falls_back_on_every_rank_with_one_warning(tp_runs):
     for result in tp_runs:
         fault = result["fault"]
-        assert fault["failing_backend_calls"] == 5, "the fault must hit after layer 0's all-reduces ran"
         assert not fault["took_dual"] and not fault["still_on"] and not fault["took_dual_again"]
         assert fault["max_out_diff"] == 0.0 and fault["max_cache_diff"] == 0.0
         assert fault["max_out_diff_after"] == 0.0
         assert len(fault["warnings"]) == 1 and "run single-stream" in fault["warnings"][0]
+
+
+def test_a_fault_on_one_rank_after_collectives_propagates_and_the_job_ends(tp_runs):
+    """Rank 0 faults after layer 0's all-reduces ran on both ranks. Falling back there would
+    leave rank 0 in single-stream collectives while rank 1 waits in dual-stream ones (a hang
+    until the communication timeout); instead the fault surfaces on rank 0, which ends, and
+    rank 1's pending collective fails with it."""
+    assert not any(r["timed_out"] for r in tp_runs), "a rank hung after a one-rank fault"
+    faulting, peer = (r["one_rank_fault"] for r in tp_runs)
+    assert faulting is not None, "rank 0 wrote no fault result:\n" + tp_runs[0]["stderr_tail"]
+    assert faulting["raised"] == "RuntimeError: injected device fault on rank 0"
+    assert faulting["all_reduce_calls"] == 5 and not faulting["returned"]
+    assert faulting["warnings"] == [], "no fall back after collectives were issued"
+    assert peer is not None and peer["raised"] and not peer["returned"] and peer["warnings"] == [], peer
+    assert "injected" not in peer["raised"], "rank 1 fails on its collective, not with rank 0's fault"
+    assert peer["all_reduce_calls"] >= 5, "rank 1 got past layer 0 before it failed"
 
 
 def test_ascend_config_runs_the_dual_stream_validation(tp_runs):

@@ -7,12 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from vllm_ascend.dual_stream import config as config_module
-from vllm_ascend.dual_stream.config import (
-    DEFAULT_BALANCE_THRESHOLD,
-    DEFAULT_LENGTH_THRESHOLD_TOKENS,
-    DualStreamConfig,
-    validate_dual_stream_config,
-)
+from vllm_ascend.dual_stream.config import DualStreamConfig, validate_dual_stream_config
 
 
 def deployment(raw=None, tp=2, pp=1, **ascend):
@@ -38,10 +33,7 @@ def validate(raw=None, **kwargs):
 
 def test_absent_means_off_with_documented_defaults():
     config = validate()
-    assert config == DualStreamConfig(
-        False, "token_balanced", DEFAULT_BALANCE_THRESHOLD, DEFAULT_LENGTH_THRESHOLD_TOKENS
-    )
-    assert (config.balance_threshold, config.length_threshold) == (1.0, 128)
+    assert config == DualStreamConfig(False, "token_balanced", 1.0, 128)
 
 
 def test_a_full_valid_config_is_taken_as_given():
@@ -50,35 +42,48 @@ def test_a_full_valid_config_is_taken_as_given():
 
 
 def test_not_an_object():
-    with pytest.raises(ValueError, match=r"dual_stream_config must be a JSON object.*got list"):
+    with pytest.raises(ValueError, match=r"dual_stream_config=\[True\]: must be a JSON object"):
         validate([True])
 
 
-def test_unknown_key():
-    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_treshold is not a known key.*spelling"):
-        validate({"enabled": True, "balance_treshold": 0.2})
+def test_unknown_keys_are_all_reported():
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True, "balance_treshold": 0.2, "lenght_threshold": 64})
+    message = str(info.value)
+    assert "dual_stream_config.balance_treshold=0.2: not a known key" in message
+    assert "dual_stream_config.lenght_threshold=64: not a known key" in message
+    assert "The keys of dual_stream_config are enabled, split_strategy, balance_threshold, length_threshold." in message
 
 
 def test_enabled_not_a_bool():
-    with pytest.raises(ValueError, match=r"dual_stream_config\.enabled must be true or false, got 'yes'"):
+    with pytest.raises(ValueError, match=r"dual_stream_config\.enabled='yes': must be true or false"):
         validate({"enabled": "yes"})
 
 
 def test_unknown_strategy():
-    with pytest.raises(ValueError, match=r"split_strategy 'balanced' is not a known strategy.*'half_batch'"):
+    with pytest.raises(ValueError, match=r"split_strategy='balanced': must be one of 'half_batch', 'token_balanced'"):
         validate({"enabled": True, "split_strategy": "balanced"})
 
 
 @pytest.mark.parametrize("value", [0, -0.5, float("nan"), float("inf"), True, "1.0"])
 def test_balance_threshold_out_of_range(value):
-    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_threshold must be a finite number > 0"):
+    with pytest.raises(
+        ValueError, match=r"dual_stream_config\.balance_threshold=.*: must be a number > 0 \(default 1.0\)"
+    ):
         validate({"enabled": True, "balance_threshold": value})
 
 
 @pytest.mark.parametrize("value", [0, -3, 12.5, False, "128"])
 def test_length_threshold_out_of_range(value):
-    with pytest.raises(ValueError, match=r"dual_stream_config\.length_threshold must be an integer number of tokens"):
+    with pytest.raises(
+        ValueError, match=r"dual_stream_config\.length_threshold=.*: must be an integer >= 1 \(default 128\)"
+    ):
         validate({"enabled": True, "length_threshold": value})
+
+
+def test_an_integral_float_is_taken_as_an_integer_as_in_the_cpp_config():
+    config = validate({"enabled": True, "length_threshold": 128.0})
+    assert config.length_threshold == 128 and type(config.length_threshold) is int
 
 
 def test_pipeline_parallel():

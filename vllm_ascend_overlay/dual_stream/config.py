@@ -1,22 +1,9 @@
 """``additional_config["dual_stream_config"]``: parsing and start-up validation.
 
 Switch: ``vllm serve ... --additional-config '{"dual_stream_config": {"enabled": true}}'``.
-Keys and defaults:
-
-- ``enabled`` (False): the feature is off unless asked for.
-- ``split_strategy`` ("token_balanced"): where the batch is cut. ``half_batch`` cuts at
-  request ``batch_size // 2`` (the seed's simple method); ``token_balanced`` cuts at the
-  request boundary whose cumulative token count is closest to half the tokens, which
-  keeps the two micro-batches' compute equal when decodes and long prefills are mixed.
-- ``balance_threshold`` (1.0): ``token_balanced`` refuses a split whose halves differ by
-  more than this fraction of the shorter one, ``|len1 - len2| / min(len1, len2)``. 1.0
-  (the larger half at most twice the smaller) is the value of the Qwen3-dense
-  implementation the seed describes (vllm-ascend PR #1699, never merged); a lopsided
-  split hides little communication and pays the micro-batching overhead in full.
-- ``length_threshold`` (128 tokens): both strategies refuse a split that leaves a
-  micro-batch shorter than this. Below ~128 tokens the all-reduce of a micro-batch is
-  latency-bound and its matmuls lose efficiency, so splitting costs more than it hides
-  (128 is again PR #1699's value; upstream's MoE multistream used 256).
+Each key's default, range and meaning is declared once, in ``DualStreamConfig``'s fields
+(``config_table.setting``); docs/dual-stream.md's table is tested against them, and says
+why the defaults are what they are.
 
 Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``ValueError``
 naming the key and the fix. Features that replace the row-parallel all-reduce path
@@ -34,72 +21,41 @@ inert.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_ascend.config_table import parse_section, setting
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "dual_stream_config"
-DEFAULT_BALANCE_THRESHOLD = 1.0
-DEFAULT_LENGTH_THRESHOLD_TOKENS = 128
 _warned_tp1 = False
 
 
 @dataclass(frozen=True)
 class DualStreamConfig:
-    enabled: bool = False
-    split_strategy: str = "token_balanced"
-    balance_threshold: float = DEFAULT_BALANCE_THRESHOLD
-    length_threshold: int = DEFAULT_LENGTH_THRESHOLD_TOKENS
+    enabled: bool = setting(False, "dual stream on or off")
+    split_strategy: str = setting(
+        "token_balanced",
+        "where the batch is cut: `token_balanced`, at the request boundary whose cumulative token count is "
+        "closest to half; `half_batch`, at request `batch_size // 2`",
+        choices=SPLIT_STRATEGIES,
+    )
+    balance_threshold: float = setting(
+        1.0,
+        "`token_balanced` refuses a split with `abs(len1 - len2) / min(len1, len2)` above this",
+        low=0,
+        low_open=True,
+    )
+    length_threshold: int = setting(
+        128, "both strategies refuse a split that leaves a micro-batch shorter than this many tokens", low=1
+    )
 
     @classmethod
     def from_dict(cls, raw: Any) -> DualStreamConfig:
         """Parse and range-check the user's dict; raise ``ValueError`` naming key and fix."""
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ValueError(
-                f"{CONFIG_KEY} must be a JSON object such as "
-                f'{{"enabled": true, "split_strategy": "token_balanced"}}, got {type(raw).__name__}.'
-            )
-        known = {"enabled", "split_strategy", "balance_threshold", "length_threshold"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(
-                f"{CONFIG_KEY}.{unknown[0]} is not a known key. "
-                f"Use only {', '.join(sorted(known))} (check the spelling)."
-            )
-        enabled = raw.get("enabled", False)
-        if not isinstance(enabled, bool):
-            raise ValueError(f"{CONFIG_KEY}.enabled must be true or false, got {enabled!r}.")
-        strategy = raw.get("split_strategy", cls.split_strategy)
-        if strategy not in SPLIT_STRATEGIES:
-            raise ValueError(
-                f"{CONFIG_KEY}.split_strategy {strategy!r} is not a known strategy. "
-                f"Use one of {', '.join(repr(s) for s in SPLIT_STRATEGIES)}."
-            )
-        balance = raw.get("balance_threshold", DEFAULT_BALANCE_THRESHOLD)
-        if (
-            isinstance(balance, bool)
-            or not isinstance(balance, int | float)
-            or not math.isfinite(balance)
-            or balance <= 0
-        ):
-            raise ValueError(
-                f"{CONFIG_KEY}.balance_threshold must be a finite number > 0 "
-                f"(the allowed |len1 - len2| / min(len1, len2)), got {balance!r}. "
-                f"Set it to e.g. {DEFAULT_BALANCE_THRESHOLD} or leave it out."
-            )
-        length = raw.get("length_threshold", DEFAULT_LENGTH_THRESHOLD_TOKENS)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(
-                f"{CONFIG_KEY}.length_threshold must be an integer number of tokens >= 1, got {length!r}. "
-                f"Set it to e.g. {DEFAULT_LENGTH_THRESHOLD_TOKENS} or leave it out."
-            )
-        return cls(enabled, strategy, float(balance), length)
+        return parse_section(cls, raw, key=CONFIG_KEY)
 
 
 _REPLACES_ALL_REDUCE = "it replaces the row-parallel all-reduce that dual stream moves to the communication stream"

@@ -21,6 +21,7 @@ one error, one line each, as ``<section>.<key>=<value>: <fix>``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -143,7 +144,8 @@ def parse_section(section: type[T], raw: Any, *, key: str, error: type[Exception
 
 
 def _default_text(default: Any, spec: Setting) -> str:
-    return f"the value of {spec.default_from}" if spec.default_from else repr(default)
+    """The default as the user writes it (JSON), or the key it follows."""
+    return f"the value of {spec.default_from}" if spec.default_from else json.dumps(default)
 
 
 def _number_text(number: float | None) -> str:

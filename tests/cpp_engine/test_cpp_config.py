@@ -41,6 +41,27 @@ def test_an_upstream_config_still_parses():
     assert (config.smooth_factor, config.min_chunk, config.need_timing, config.max_fit_chunk) == (0.8, 1024, False, 40)
 
 
+def test_the_refit_window_has_its_own_key_and_max_fit_chunk_keeps_upstreams():
+    assert (load({}).max_fit_chunk, load({}).calibration_window) == (30, 30)
+    assert (load({"max_fit_chunk": 12}).max_fit_chunk, load({"max_fit_chunk": 12}).calibration_window) == (12, 30)
+    config = load({"calibration_window": 64})
+    assert (config.max_fit_chunk, config.calibration_window) == (30, 64)
+    with pytest.raises(CppConfigError, match=r"calibration_window=7: must be an integer >= 8 \(default 30\)"):
+        load({"calibration_window": 7})
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (50, 50.0), (0.5, 0.5)])
+def test_max_batch_ms_is_a_positive_number_of_ms_or_null(value, expected):
+    assert load({"max_batch_ms": value}).max_batch_ms == expected
+    assert load({}).max_batch_ms is None
+
+
+@pytest.mark.parametrize("value", [0, -5, "50", True, float("inf")])
+def test_max_batch_ms_refuses_what_is_not_a_positive_number(value):
+    with pytest.raises(CppConfigError, match=r"max_batch_ms=.*: must be a number > 0, or null \(default null\)"):
+        load({"max_batch_ms": value})
+
+
 def test_min_chunk_above_the_token_budget_is_clamped_like_upstream():
     assert load({"enabled": True, "min_chunk": 4096}, engine(max_batched=2048)).min_chunk == 2048
 

@@ -51,10 +51,12 @@ class CppConfig:
     )
     max_fit_chunk: int = setting(
         30,
-        "timed steps kept for the online refit; also the number of steps timed before sampling starts",
+        "steps timed back-to-back after start-up (upstream: the timed steps collected for the online fit); "
+        "after them one step in `timing_every` is timed",
         low=8,
         high=4096,
     )
+    calibration_window: int = setting(30, "most recent timed steps kept for the online refit", low=8)
     need_timing: bool = setting(False, "time sampled steps for online calibration", default_from="enabled")
     cache_dir: str = setting(
         "~/.cache/vllm_ascend/cpp", 'where fitted profiles are kept; `""` or null keeps none', nullable=True
@@ -67,8 +69,19 @@ class CppConfig:
         low=0,
         high=64,
     )
-    timing_every: int = setting(16, "once calibrated, time one prefill step in this many", low=1, high=1_000_000)
+    timing_every: int = setting(
+        16, "after the first `max_fit_chunk` timed steps, time one prefill step in this many", low=1, high=1_000_000
+    )
     tail_tolerance: float = setting(0.15, "a merged tail may take the target times (1 + this)", low=0, high=1)
+    max_batch_ms: float | None = setting(
+        None,
+        "upper bound on the batch-time target, for an inter-token-latency objective; null: bounded only by "
+        "max_num_batched_tokens",
+        kind=float,
+        low=0,
+        low_open=True,
+        nullable=True,
+    )
 
     @property
     def cache_path(self) -> str | None:

@@ -12,12 +12,13 @@ from vllm_ascend.core import cpp_config
 from vllm_ascend.core.cpp_config import CppConfigError, parse_cpp_config
 
 
-def engine(pp: int = 2, chunked: bool = True, scheduler_cls=None, max_batched: int = 8192):
+def engine(pp: int = 2, chunked: bool = True, scheduler_cls=None, max_batched: int = 8192, block_size: int = 128):
     return SimpleNamespace(
         parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
         scheduler_config=SimpleNamespace(
             enable_chunked_prefill=chunked, scheduler_cls=scheduler_cls, max_num_batched_tokens=max_batched
         ),
+        cache_config=SimpleNamespace(block_size=block_size),
     )
 
 
@@ -132,8 +133,38 @@ def test_not_with_balance_scheduling():
         load({"enabled": True}, balance=True)
 
 
+@pytest.mark.parametrize(
+    ("block_size", "max_batched", "unit"), [(16, 48, 64), (128, 100, 128), (48, 64, 96), (1, 63, 64), (256, 255, 256)]
+)
+def test_a_token_budget_below_one_chunk_unit_names_the_flag_and_the_block_size(block_size, max_batched, unit):
+    with pytest.raises(CppConfigError) as error:
+        load({"enabled": True}, engine(max_batched=max_batched, block_size=block_size))
+    message = str(error.value)
+    assert f"needs --max-num-batched-tokens >= {unit}" in message
+    assert f"KV block size {block_size} " in message and f"but it is {max_batched}" in message
+    assert "base_chunk_size" not in message
+    assert load({"enabled": True}, engine(max_batched=unit, block_size=block_size)).enabled
+
+
+def test_the_token_budget_is_checked_again_against_the_block_size_the_platform_settles():
+    vllm_config = engine(max_batched=100, block_size=16)
+    assert load({"enabled": True}, vllm_config).enabled  # 100 >= 64 with vLLM's default block size
+    vllm_config.cache_config.block_size = 128  # the platform's block size with chunked prefill
+    with pytest.raises(CppConfigError, match=r"needs --max-num-batched-tokens >= 128 .* but it is 100"):
+        cpp_config.select_cpp_scheduler(vllm_config)
+
+
+def test_every_unmet_engine_requirement_is_reported():
+    with pytest.raises(CppConfigError) as error:
+        load({"enabled": True}, engine(pp=1, chunked=False, max_batched=32), balance=True)
+    message = str(error.value)
+    assert message.startswith("profiling_chunk_config: 4 problems:")
+    for part in ("pipeline_parallel_size=1", "needs chunked prefill", "balance scheduling", "but it is 32"):
+        assert part in message
+
+
 def test_disabled_config_has_no_engine_requirements():
-    assert not load({"enabled": False}, engine(pp=1, chunked=False), balance=True).enabled
+    assert not load({"enabled": False}, engine(pp=1, chunked=False, max_batched=1), balance=True).enabled
 
 
 def test_not_with_another_scheduler_override():

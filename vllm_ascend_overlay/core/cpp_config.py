@@ -9,11 +9,12 @@ is checked at start-up, and a bad value is an error that names the key and the f
 from __future__ import annotations
 
 import logging
+import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_ascend.config_table import parse_section, setting
+from vllm_ascend.config_table import parse_section, raise_problems, setting
 
 try:
     from vllm.logger import init_logger
@@ -110,25 +111,51 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
     return config
 
 
+def alignment_tokens(block_size: int) -> int:
+    """CPP's chunk unit: the smallest multiple of the KV block size that is >= 64 tokens."""
+    return block_size * math.ceil(64 / block_size)
+
+
+def _token_budget_problem(vllm_config: Any) -> str | None:
+    """A base chunk (``--max-num-batched-tokens``) smaller than one chunk unit, named as the user sets it."""
+    block_size = vllm_config.cache_config.block_size
+    if block_size is None:  # not resolved yet; select_cpp_scheduler checks again once it is
+        return None
+    budget = vllm_config.scheduler_config.max_num_batched_tokens
+    unit = alignment_tokens(block_size)
+    if budget >= unit:
+        return None
+    return (
+        f"{CONFIG_KEY}.enabled=true needs --max-num-batched-tokens >= {unit} (CPP sizes chunks in multiples "
+        f"of the KV block size {block_size} of at least 64 tokens), but it is {budget}: raise "
+        f"--max-num-batched-tokens to {unit} or more, or set enabled to false"
+    )
+
+
 def check_cpp_setup(config: CppConfig, vllm_config: Any, *, balance_scheduling: bool) -> None:
-    """Engine-level requirements of an enabled CPP config."""
+    """Engine-level requirements of an enabled CPP config; every unmet one is reported."""
     if not config.enabled:
         return
+    problems = []
     pp_size = vllm_config.parallel_config.pipeline_parallel_size
     if pp_size <= 1:
-        raise CppConfigError(
+        problems.append(
             f"{CONFIG_KEY}.enabled=true needs pipeline parallelism, but pipeline_parallel_size={pp_size}: "
             "start with --pipeline-parallel-size 2 (or more), or set enabled to false"
         )
     if not vllm_config.scheduler_config.enable_chunked_prefill:
-        raise CppConfigError(
+        problems.append(
             f"{CONFIG_KEY}.enabled=true needs chunked prefill: add --enable-chunked-prefill, or set enabled to false"
         )
     if balance_scheduling:
-        raise CppConfigError(
+        problems.append(
             f"{CONFIG_KEY}.enabled=true cannot run with balance scheduling: set enable_balance_scheduling "
             "(or VLLM_ASCEND_BALANCE_SCHEDULING) to false, or set enabled to false"
         )
+    budget = _token_budget_problem(vllm_config)
+    if budget:
+        problems.append(budget)
+    raise_problems(CONFIG_KEY, problems, CppConfigError)
 
 
 def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, balance_scheduling: bool) -> CppConfig:
@@ -142,7 +169,14 @@ def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, ba
 
 
 def select_cpp_scheduler(vllm_config: Any) -> None:
-    """The platform's hook: install the CPP scheduler (its async form under async scheduling)."""
+    """The platform's hook: install the CPP scheduler (its async form under async scheduling).
+
+    It runs after the platform has settled the KV block size, so the token budget is
+    checked again against the block size the scheduler will use.
+    """
+    budget = _token_budget_problem(vllm_config)
+    if budget:
+        raise CppConfigError(budget)
     current = vllm_config.scheduler_config.scheduler_cls
     if current is not None and current not in (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS):
         name = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"

@@ -10,10 +10,13 @@ from vllm_ascend.dual_stream import config as config_module
 from vllm_ascend.dual_stream.config import DualStreamConfig, validate_dual_stream_config
 
 
-def deployment(raw=None, tp=2, pp=1, **ascend):
+def deployment(raw=None, tp=2, pp=1, max_batched=8192, **ascend):
     vllm_config = SimpleNamespace(
         additional_config={} if raw is None else {"dual_stream_config": raw},
         parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_batched),
+        kv_transfer_config=None,
+        lora_config=None,
     )
     defaults = dict(
         enable_flashcomm1=False,
@@ -86,6 +89,17 @@ def test_an_integral_float_is_taken_as_an_integer_as_in_the_cpp_config():
     assert config.length_threshold == 128 and type(config.length_threshold) is int
 
 
+@pytest.mark.parametrize("value", [1e12, 4097, 10**9])
+def test_a_length_threshold_no_batch_can_meet_is_refused(value):
+    """Both halves need length_threshold tokens, a batch holds at most max_num_batched_tokens."""
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True, "length_threshold": value}, max_batched=8192)
+    message = str(info.value)
+    assert message.startswith(f"dual_stream_config.length_threshold={int(value)!r}: must be <= 4096, half of")
+    assert "--max-num-batched-tokens (8192)" in message
+    assert validate({"enabled": True, "length_threshold": 4096}, max_batched=8192).length_threshold == 4096
+
+
 def test_pipeline_parallel():
     with pytest.raises(ValueError, match=r"requires pipeline_parallel_size == 1, got 2.*--pipeline-parallel-size 1"):
         validate({"enabled": True}, pp=2)
@@ -145,6 +159,42 @@ def test_kv_transfer_connector():
     message = str(info.value)
     assert "cannot be combined with a KV transfer connector (--kv-transfer-config): connectors load and save" in message
     assert "Either serve without --kv-transfer-config or disable dual_stream_config." in message
+
+
+def test_every_problem_of_the_deployment_is_reported():
+    with pytest.raises(ValueError) as info:
+        validate(
+            {"enabled": True, "length_threshold": 5000}, pp=2, enable_flashcomm1=True, enable_matmul_allreduce=True
+        )
+    lines = str(info.value).splitlines()
+    assert lines[0] == "dual_stream_config: 4 problems:"
+    for part in (
+        "pipeline_parallel_size == 1",
+        "length_threshold=5000",
+        "enable_flashcomm1",
+        "enable_matmul_allreduce",
+    ):
+        assert any(part in line for line in lines[1:]), part
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in config_module.ASCEND_CONFLICTS])
+def test_a_conflict_flag_missing_from_ascend_config_stops_start_up(path):
+    """A flag that upstream renames or removes must not make the conflict check pass silently."""
+    ascend, vllm_config = deployment({"enabled": True})
+    owner, _, name = path.rpartition(".")
+    holder = getattr(ascend, owner) if owner else ascend
+    delattr(holder, name)
+    with pytest.raises(RuntimeError) as info:
+        validate_dual_stream_config(ascend, vllm_config)
+    assert f"has no {path}, a setting dual stream cannot run with" in str(info.value)
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in config_module.VLLM_CONFLICTS])
+def test_a_conflict_setting_missing_from_vllm_config_stops_start_up(path):
+    ascend, vllm_config = deployment({"enabled": True})
+    delattr(vllm_config, path)
+    with pytest.raises(RuntimeError, match=f"has no {path}, a setting dual stream cannot run with"):
+        validate_dual_stream_config(ascend, vllm_config)
 
 
 def test_conflicts_do_not_matter_when_off():

@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ascend.config_table import parse_section, setting
+from vllm_ascend.config_table import parse_section, problem, raise_problems, setting
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
 logger = logging.getLogger(__name__)
@@ -59,40 +59,98 @@ class DualStreamConfig:
 
 
 _REPLACES_ALL_REDUCE = "it replaces the row-parallel all-reduce that dual stream moves to the communication stream"
+_PER_LAYER_CALL = "dual stream calls each layer once per micro-batch"
+
+# (flag of AscendConfig, its setting as the user knows it, why it conflicts, how to turn it off).
+# Each flag must exist in the pinned AscendConfig: a renamed or removed one stops start-up
+# (``_read_flag``) instead of passing the check silently.
+ASCEND_CONFLICTS = (
+    (
+        "enable_flashcomm1",
+        "enable_flashcomm1 (flashcomm1 / sequence parallelism)",
+        _REPLACES_ALL_REDUCE,
+        "set it to false",
+    ),
+    ("enable_sp_by_pass", "compilation_config.pass_config.enable_sp", _REPLACES_ALL_REDUCE, "turn that pass off"),
+    ("enable_matmul_allreduce", "enable_matmul_allreduce", _REPLACES_ALL_REDUCE, "set it to false"),
+    (
+        "enable_flashcomm2_parallel_size",
+        "enable_flashcomm2_parallel_size (flashcomm2)",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "finegrained_tp_config.mlp_tensor_parallel_size",
+        "finegrained_tp_config.mlp_tensor_parallel_size",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "finegrained_tp_config.oproj_tensor_parallel_size",
+        "finegrained_tp_config.oproj_tensor_parallel_size",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "weight_prefetch_config.enabled",
+        "weight_prefetch_config.enabled",
+        f"its MLP prefetch advances a per-layer counter once per layer call, and {_PER_LAYER_CALL}",
+        "set it to false",
+    ),
+)
+# The same for VllmConfig: the setting is on when the attribute is not None.
+VLLM_CONFLICTS = (
+    (
+        "kv_transfer_config",
+        "a KV transfer connector (--kv-transfer-config)",
+        f"connectors load and save KV once per attention call of a layer, and {_PER_LAYER_CALL}",
+        "serve without --kv-transfer-config",
+    ),
+    (
+        "lora_config",
+        "LoRA (--enable-lora)",
+        "LoRA layers map tokens to adapters for the whole batch, not per micro-batch",
+        "serve without --enable-lora",
+    ),
+)
+_MISSING = object()
 
 
-def _conflicts(ascend_config: Any) -> list[tuple[str, str, str]]:
-    """(setting, why, how to turn it off) for every enabled feature dual stream cannot run with."""
-    found = []
-    if getattr(ascend_config, "enable_flashcomm1", False):
-        found.append(("enable_flashcomm1 (flashcomm1 / sequence parallelism)", _REPLACES_ALL_REDUCE, "set it to false"))
-    if getattr(ascend_config, "enable_sp_by_pass", False):
-        found.append(("compilation_config.pass_config.enable_sp", _REPLACES_ALL_REDUCE, "turn that pass off"))
-    if getattr(ascend_config, "enable_matmul_allreduce", False):
-        found.append(("enable_matmul_allreduce", _REPLACES_ALL_REDUCE, "set it to false"))
-    if (getattr(ascend_config, "enable_flashcomm2_parallel_size", 0) or 0) > 0:
-        found.append(("enable_flashcomm2_parallel_size (flashcomm2)", _REPLACES_ALL_REDUCE, "set it to 0"))
-    finegrained = getattr(ascend_config, "finegrained_tp_config", None)
-    for key in ("mlp_tensor_parallel_size", "oproj_tensor_parallel_size"):
-        if (getattr(finegrained, key, 0) or 0) > 0:
-            found.append((f"finegrained_tp_config.{key}", _REPLACES_ALL_REDUCE, "set it to 0"))
-    prefetch = getattr(ascend_config, "weight_prefetch_config", None)
-    if getattr(prefetch, "enabled", False):
-        found.append(
-            (
-                "weight_prefetch_config.enabled",
-                "its MLP prefetch advances a per-layer counter once per layer call, and dual stream calls "
-                "each layer once per micro-batch",
-                "set it to false",
+def _read_flag(config: Any, path: str) -> Any:
+    """``config.<path>``; an error naming the flag when the pinned release has no such attribute."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name, _MISSING)
+        if value is _MISSING:
+            raise RuntimeError(
+                f"{CONFIG_KEY}: {type(config).__name__} has no {path}, a setting dual stream cannot run with; "
+                "this vllm-ascend release renamed or removed it. Update the conflict list in "
+                "vllm_ascend/dual_stream/config.py for this release, or disable dual_stream_config."
             )
-        )
-    return found
+    return value
+
+
+def _conflicts(ascend_config: Any, vllm_config: Any) -> list[str]:
+    """One line per enabled feature dual stream cannot run with."""
+    found = [
+        (setting, why, fix)
+        for path, setting, why, fix in ASCEND_CONFLICTS
+        if _read_flag(ascend_config, path)  # a size of 0 is off, like false
+    ]
+    found += [
+        (setting, why, fix) for path, setting, why, fix in VLLM_CONFLICTS if _read_flag(vllm_config, path) is not None
+    ]
+    return [
+        f"{CONFIG_KEY}.enabled cannot be combined with {setting}: {why}. Either {fix} or disable {CONFIG_KEY}."
+        for setting, why, fix in found
+    ]
 
 
 def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStreamConfig:
     """Parse ``additional_config["dual_stream_config"]`` and check it against the deployment.
 
     Called at the end of ``AscendConfig.__init__``, when every other feature flag is known.
+    Every problem is reported at once.
     """
     additional = getattr(vllm_config, "additional_config", None)
     if not isinstance(additional, dict):  # None, or a stand-in config object in other features' tests
@@ -100,35 +158,27 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     config = DualStreamConfig.from_dict(additional.get(CONFIG_KEY))
     if not config.enabled:
         return config
+    problems = []
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
-        raise ValueError(
+        problems.append(
             f"{CONFIG_KEY}.enabled requires pipeline_parallel_size == 1, got "
             f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
         )
-    conflicts = _conflicts(ascend_config)
-    if getattr(vllm_config, "kv_transfer_config", None) is not None:
-        conflicts.append(
-            (
-                "a KV transfer connector (--kv-transfer-config)",
-                "connectors load and save KV once per attention call of a layer, and dual stream calls each "
-                "layer's attention once per micro-batch",
-                "serve without --kv-transfer-config",
+    budget = vllm_config.scheduler_config.max_num_batched_tokens
+    if 2 * config.length_threshold > budget:
+        problems.append(
+            problem(
+                CONFIG_KEY,
+                "length_threshold",
+                config.length_threshold,
+                f"must be <= {budget // 2}, half of --max-num-batched-tokens ({budget}): both micro-batches "
+                "need this many tokens and a batch holds at most --max-num-batched-tokens, so no batch would "
+                "ever be split. Lower it or raise --max-num-batched-tokens",
             )
         )
-    if getattr(vllm_config, "lora_config", None) is not None:
-        conflicts.append(
-            (
-                "LoRA (--enable-lora)",
-                "LoRA layers map tokens to adapters for the whole batch, not per micro-batch",
-                "serve without --enable-lora",
-            )
-        )
-    if conflicts:
-        setting, why, fix = conflicts[0]
-        raise ValueError(
-            f"{CONFIG_KEY}.enabled cannot be combined with {setting}: {why}. " f"Either {fix} or disable {CONFIG_KEY}."
-        )
+    problems += _conflicts(ascend_config, vllm_config)
+    raise_problems(CONFIG_KEY, problems)
     global _warned_tp1
     if parallel.tensor_parallel_size <= 1 and not _warned_tp1:
         _warned_tp1 = True  # AscendConfig is built more than once per process

@@ -63,8 +63,11 @@ def test_max_batch_ms_refuses_what_is_not_a_positive_number(value):
         load({"max_batch_ms": value})
 
 
-def test_min_chunk_above_the_token_budget_is_clamped_like_upstream():
+def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):
+    warnings = []
+    monkeypatch.setattr(cpp_config.logger, "warning", lambda message, *args: warnings.append(message % args))
     assert load({"enabled": True, "min_chunk": 4096}, engine(max_batched=2048)).min_chunk == 2048
+    assert warnings == ["[CPP] profiling_chunk_config.min_chunk=4096 is above max_num_batched_tokens=2048; using 2048"]
 
 
 def test_empty_cache_dir_turns_the_cache_off():

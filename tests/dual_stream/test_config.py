@@ -208,4 +208,5 @@ def test_tp1_warns_once_and_stays_valid(caplog, monkeypatch):
         validate({"enabled": True}, tp=1)  # AscendConfig built again: no second warning
     assert config.enabled
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "tensor_parallel_size is 1" in warnings[0].getMessage()
+    assert len(warnings) == 1 and warnings[0].getMessage().startswith("[DualStream] dual_stream_config.enabled")
+    assert "tensor_parallel_size is 1" in warnings[0].getMessage()

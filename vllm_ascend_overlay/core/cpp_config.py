@@ -8,20 +8,15 @@ is checked at start-up, and a bad value is an error that names the key and the f
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm_ascend.config_table import parse_section, raise_problems, setting
 
-try:
-    from vllm.logger import init_logger
-
-    logger = init_logger(__name__)
-except ImportError:  # pragma: no cover - only without vLLM
-    logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 CONFIG_KEY = "profiling_chunk_config"
 SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
@@ -101,7 +96,7 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
         and config.min_chunk > max_num_batched_tokens
     ):
         logger.warning(
-            "%s.min_chunk=%d is above max_num_batched_tokens=%d; using %d",
+            "[CPP] %s.min_chunk=%d is above max_num_batched_tokens=%d; using %d",
             CONFIG_KEY,
             config.min_chunk,
             max_num_batched_tokens,

@@ -20,14 +20,14 @@ inert.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm_ascend.config_table import parse_section, problem, raise_problems, setting
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 CONFIG_KEY = "dual_stream_config"
 _warned_tp1 = False
@@ -183,7 +183,7 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     if parallel.tensor_parallel_size <= 1 and not _warned_tp1:
         _warned_tp1 = True  # AscendConfig is built more than once per process
         logger.warning(
-            "%s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
+            "[DualStream] %s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
             "dual stream stays inert.",
             CONFIG_KEY,
         )

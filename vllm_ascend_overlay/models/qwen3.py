@@ -17,7 +17,6 @@ waited in dual-stream collectives would hang the job until the communication tim
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -27,6 +26,7 @@ from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.forward_context import ForwardContext, get_forward_context
+from vllm.logger import init_logger
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.sequence import IntermediateTensors
 from vllm_ascend.dual_stream.config import CONFIG_KEY, DualStreamConfig
@@ -35,7 +35,7 @@ from vllm_ascend.dual_stream.schedule import MicroBatch, run_layers
 from vllm_ascend.dual_stream.split import SplitPoint, split_metadata_by_layer, split_tokens
 from vllm_ascend.dual_stream.streams import NpuStreamBackend, StreamBackend
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 
 def load_dual_stream_config(vllm_config: VllmConfig) -> DualStreamConfig:
@@ -114,15 +114,15 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def _supports_dual_stream(self) -> bool:
         if get_pp_group().world_size > 1 or self.vllm_config.lora_config is not None:
-            logger.warning("%s: pipeline parallelism or LoRA is on; dual stream stays off.", CONFIG_KEY)
+            logger.warning("[DualStream] pipeline parallelism or LoRA is on; %s stays off.", CONFIG_KEY)
             return False
         for module in _row_parallel_layers(self._local_layers()):
             if getattr(module, "custom_op", None) is not None or not hasattr(module, "reduce_results"):
                 logger.warning(
-                    "%s: %s replaces the row-parallel all-reduce (%s); dual stream stays off.",
-                    CONFIG_KEY,
+                    "[DualStream] %s replaces the row-parallel all-reduce (%s); %s stays off.",
                     type(module).__name__,
                     type(getattr(module, "custom_op", None)).__name__,
+                    CONFIG_KEY,
                 )
                 return False
         return True
@@ -175,8 +175,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def _fall_back(self) -> None:
         logger.warning(
-            "%s: deciding the dual-stream split failed; this batch and all later ones run single-stream.",
-            CONFIG_KEY,
+            "[DualStream] deciding the split failed; this batch and all later ones run single-stream.",
             exc_info=True,
         )
         self._dual_stream_on = False

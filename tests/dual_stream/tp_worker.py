@@ -35,7 +35,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-from vllm_ascend.dual_stream.streams import CpuBackend  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 96
@@ -101,38 +100,6 @@ class ReferenceAttention(nn.Module):
         return out.view(num_tokens, heads * dim)
 
 
-class DeferredAllReduceBackend(CpuBackend):
-    """Fault detector: an all-reduce runs only when the event recorded after it is waited on.
-
-    Recording an event on the communication stream binds the all-reduces issued since;
-    waiting on it runs them (blocking, in the same order on every rank). A missing wait
-    leaves a partial sum in place, so a schedule that depends on a missing wait computes
-    a different answer; a wait on an event not yet recorded raises (base class).
-    """
-
-    def __init__(self, group):
-        super().__init__()
-        self.group = group
-        self.pending: list[torch.Tensor] = []
-        self.bound: dict = {}
-
-    def begin(self):
-        super().begin()
-        self.pending, self.bound = [], {}
-
-    def all_reduce(self, partial):
-        self._require_comm_stream()
-        self.pending.append(partial)
-        return partial  # reduced in place only when its event is waited on
-
-    def _record(self, key):
-        self.bound[key], self.pending = (self.pending, []) if self._on_comm_stream else ([], self.pending)
-
-    def _wait(self, key):
-        for tensor in self.bound.pop(key, []):
-            dist.all_reduce(tensor, group=self.group)
-
-
 def init_weights(model: nn.Module) -> None:
     """Deterministic per parameter name, so both runs of a rank use the same weights."""
     for name, param in model.named_parameters():
@@ -176,10 +143,10 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         from vllm.forward_context import set_forward_context
         from vllm_ascend.dual_stream import schedule
         from vllm_ascend.dual_stream.config import DualStreamConfig
-        from vllm_ascend.dual_stream.streams import GlooAsyncBackend, SequentialBackend
         from vllm_ascend.models.qwen3 import DualStreamQwen3ForCausalLM
 
         from dual_stream.batches import build_batch
+        from dual_stream.cpu_backends import DeferredAllReduceBackend, GlooAsyncBackend, SequentialBackend
 
         model_config = ModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
@@ -307,8 +274,9 @@ def decision_fault_falls_back(model, run, scenario):
     the upstream forward of the same batch, one warning, then the feature is off."""
     from vllm_ascend.dual_stream import gate
     from vllm_ascend.dual_stream.config import DualStreamConfig
-    from vllm_ascend.dual_stream.streams import GlooAsyncBackend
     from vllm_ascend.models import qwen3 as ours
+
+    from dual_stream.cpu_backends import GlooAsyncBackend
 
     def broken_split(*args, **kwargs):
         raise RuntimeError("injected fault in the split decision")
@@ -357,8 +325,9 @@ class FaultOnRankZero:
 def one_rank_fault(model, run, scenario, rank, group):
     """Rank 0 faults after collectives were issued; rank 1 runs on. Neither may fall back."""
     from vllm_ascend.dual_stream.config import DualStreamConfig
-    from vllm_ascend.dual_stream.streams import GlooAsyncBackend
     from vllm_ascend.models import qwen3 as ours
+
+    from dual_stream.cpu_backends import GlooAsyncBackend
 
     requests, state = scenario
     backend = FaultOnRankZero(GlooAsyncBackend(group.device_group), rank)

@@ -172,31 +172,37 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         history = [torch.randn(kv_shape, generator=torch.Generator().manual_seed(100 + i)) for i in range(2)]
         vocab = model.config.vocab_size
 
-        def run(requests, state, config, backend, mutate="", keep_switch=False):
+        def forward(target, requests, state, mutate=""):
+            """``target``'s forward of one batch from the shared KV history; output and caches."""
             metadata, positions = build_batch(requests, BLOCK_SIZE, NUM_BLOCKS, seed=3, state=state)
             input_ids = torch.randint(0, vocab, (positions.shape[0],), generator=torch.Generator().manual_seed(9))
-            for attn, cache in zip(attention, history, strict=True):
+            layers = [layer.self_attn.attn for layer in target.model.layers]
+            for attn, cache in zip(layers, history, strict=True):
                 attn.kv_cache = cache.clone()
-            model.dual_stream_config = config
-            if not keep_switch:  # else the model's own on/off state (after a fall back) decides
-                model._dual_stream_on = config.enabled
-            model.dual_stream_backend = backend
-            before = model.dual_stream_batches
             patch = contextlib.nullcontext()
             if mutate:  # the name of the schedule's wait to remove
                 patch = _patched(schedule, mutate, lambda *a, **k: None)
             with (
                 set_current_vllm_config(vllm_config),
                 set_forward_context(
-                    {a.layer_name: metadata for a in attention},
+                    {a.layer_name: metadata for a in layers},
                     vllm_config,
-                    slot_mapping={a.layer_name: metadata.slot_mapping for a in attention},
+                    slot_mapping={a.layer_name: metadata.slot_mapping for a in layers},
                 ),
                 patch,
                 torch.no_grad(),
             ):
-                out = model(input_ids, positions)
-            return out, [a.kv_cache.clone() for a in attention], model.dual_stream_batches > before
+                out = target(input_ids, positions)
+            return out, [a.kv_cache.clone() for a in layers]
+
+        def run(requests, state, config, backend, mutate="", keep_switch=False):
+            model.dual_stream_config = config
+            if not keep_switch:  # else the model's own on/off state (after a fall back) decides
+                model._dual_stream_on = config.enabled
+            model.dual_stream_backend = backend
+            before = model.dual_stream_batches
+            out, caches = forward(model, requests, state, mutate)
+            return out, caches, model.dual_stream_batches > before
 
         backends = {
             "sequential": lambda: SequentialBackend(group.all_reduce),
@@ -234,6 +240,10 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
                         ),
                     }
                 )
+        with set_current_vllm_config(vllm_config):
+            upstream = vllm_qwen3.Qwen3ForCausalLM(vllm_config=vllm_config).eval()
+        init_weights(upstream)
+        results["feature_off"] = feature_off_is_vllms_forward(model, upstream, forward, run)
         results["fault"] = decision_fault_falls_back(model, run, scenarios()["mixed_with_history"])
         if rank == 0:
             results["registered"] = registered_qwen3()
@@ -267,6 +277,27 @@ def _capture_warnings(module):
     handler = Capture(level=logging.WARNING)
     module.logger.addHandler(handler)
     return records, lambda: module.logger.removeHandler(handler)
+
+
+def feature_off_is_vllms_forward(model, upstream, forward, run):
+    """Our class with the feature off against vLLM's Qwen3ForCausalLM, same weights, same batches."""
+    from vllm_ascend.dual_stream.config import DualStreamConfig
+
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    theirs = {n: tuple(p.shape) for n, p in upstream.named_parameters()}
+    cases = []
+    for name, (requests, state) in scenarios().items():
+        expected, expected_cache = forward(upstream, requests, state)
+        out, cache, took_dual = run(requests, state, DualStreamConfig(), None)
+        cases.append(
+            {
+                "scenario": name,
+                "took_dual": took_dual,
+                "equal": bool(torch.equal(out, expected)),
+                "caches_equal": all(torch.equal(c, e) for c, e in zip(cache, expected_cache, strict=True)),
+            }
+        )
+    return {"same_parameters": ours == theirs, "num_parameters": len(ours), "cases": cases}
 
 
 def decision_fault_falls_back(model, run, scenario):

@@ -8,7 +8,7 @@ TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs check-pin lint format bench clean
+.PHONY: wheel wheels assemble test venv diffs config-docs check-pin lint format bench clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -27,6 +27,9 @@ test: venv assemble
 
 diffs:            ## git am-able series per feature under dist/upstream/
 	$(TOOL) diffs
+
+config-docs: venv ## rewrite the config tables of docs/cpp.md and docs/dual-stream.md from the code
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset config-docs $(TARGET_ARGS)
 
 check-pin:        ## does the series apply to another release? make check-pin VERSION=x.y.z
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }

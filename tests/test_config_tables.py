@@ -8,7 +8,6 @@ rendered from the same metadata and must be what the docs show.
 
 from __future__ import annotations
 
-import json
 import re
 
 import conftest
@@ -18,40 +17,40 @@ from vllm_ascend.core.cpp_config import CONFIG_KEY as CPP_KEY
 from vllm_ascend.core.cpp_config import CppConfig, CppConfigError, parse_cpp_config
 from vllm_ascend.dual_stream.config import CONFIG_KEY as DS_KEY
 from vllm_ascend.dual_stream.config import DualStreamConfig
+from vllm_ascend_patchset import config_docs
 
 SECTIONS = {
     "cpp": (CppConfig, CPP_KEY, lambda raw: parse_cpp_config(raw), CppConfigError, "docs/cpp.md"),
     "dual-stream": (DualStreamConfig, DS_KEY, DualStreamConfig.from_dict, ValueError, "docs/dual-stream.md"),
 }
-HEADER = "| key | default | accepted values | meaning |"
 
 
-def _default_cell(default, spec) -> str:
-    return f"= `{spec.default_from}`" if spec.default_from else f"`{json.dumps(default)}`"
-
-
-def expected_table(section) -> list[str]:
-    rows = [HEADER, "| --- | --- | --- | --- |"]
-    for key, (default, spec) in config_table.settings(section).items():
-        rows.append(f"| `{key}` | {_default_cell(default, spec)} | {spec.expects()} | {spec.meaning} |")
-    return rows
-
-
-def documented_table(doc: str) -> list[str]:
-    lines = (conftest.ROOT / doc).read_text().splitlines()
-    assert lines.count(HEADER) == 1, f"{doc} must hold one table headed {HEADER!r}"
-    start = lines.index(HEADER)
-    end = start
-    while end < len(lines) and lines[end].startswith("|"):
-        end += 1
-    return lines[start:end]
+def test_every_documented_section_is_checked():
+    assert {doc for *_rest, doc in SECTIONS.values()} == set(config_docs.SECTIONS)
+    for _section, _key, _parse, _error, doc in SECTIONS.values():
+        assert config_docs.section_class(doc) is _section
 
 
 @pytest.mark.parametrize("name", SECTIONS)
 def test_the_docs_table_lists_the_keys_defaults_ranges_and_meanings_of_the_fields(name):
     section, _key, _parse, _error, doc = SECTIONS[name]
-    expected = expected_table(section)
-    assert documented_table(doc) == expected, f"{doc}'s table must read:\n" + "\n".join(expected)
+    expected = config_docs.render(section)
+    assert config_docs.documented(doc) == expected, f"run make config-docs; {doc}'s table must read:\n" + "\n".join(
+        expected
+    )
+    assert len(expected) == 2 + len(config_table.settings(section))
+
+
+def test_config_docs_rewrites_a_stale_table_and_keeps_the_rest(tmp_path):
+    doc = "docs/dual-stream.md"
+    (tmp_path / "docs").mkdir()
+    original = (conftest.ROOT / doc).read_text()
+    stale = original.replace("| `length_threshold` | `128` |", "| `length_threshold` | `64` |")
+    assert stale != original
+    (tmp_path / doc).write_text(stale)
+    assert config_docs.write(doc, DualStreamConfig, root=tmp_path)
+    assert (tmp_path / doc).read_text() == original
+    assert not config_docs.write(doc, DualStreamConfig, root=tmp_path)
 
 
 @pytest.mark.parametrize("name", SECTIONS)
@@ -128,6 +127,20 @@ def test_ints_refuse_alike(name, key, bad):
     with pytest.raises(error) as info:
         parse({key: bad})
     assert str(info.value).startswith(f"{section_key}.{key}={bad!r}: must be {spec.expects()} (default ")
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int) + _keys_of_kind(float))
+def test_a_huge_json_integer_is_checked_like_any_other(name, key):
+    """JSON integers have no size limit: an int key range-checks one as any other, a float key refuses
+    one past every float, and neither crashes."""
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    spec = config_table.settings(section)[key][1]
+    huge = 10**400
+    if spec.high is None and spec.kind is int:
+        assert getattr(parse({key: huge}), key) == huge
+    else:
+        with pytest.raises(error, match=re.escape(f"{section_key}.{key}={huge!r}: must be {spec.expects()}")):
+            parse({key: huge})
 
 
 @pytest.mark.parametrize(("name", "key"), _keys_of_kind(float))

@@ -3,7 +3,7 @@
 A section (``profiling_chunk_config``, ``dual_stream_config``) is a frozen dataclass whose
 fields are declared with ``setting(default, meaning, ...)``; the field name is the key.
 ``parse_section`` checks a user's dict against those fields, and the docs' tables are
-tested against the same metadata, so a key's default or meaning is a one-line edit.
+rendered from the same metadata, so a key's default or meaning is one edit here.
 
 Values are checked alike in every section:
 
@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 SETTING = "setting"  # the field-metadata key holding a field's Setting
 
 T = TypeVar("T")
+_LARGEST_FLOAT = sys.float_info.max
 
 
 @dataclass(frozen=True)
@@ -71,14 +73,16 @@ class Setting:
             ok = isinstance(value, bool)
         elif self.kind is str:
             ok = isinstance(value, str) and (not self.choices or value in self.choices)
-        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            ok = False
+        elif isinstance(value, float) and not math.isfinite(value):  # ints are exact at any size
             ok = False
         elif self.kind is int:
             ok = isinstance(value, int) or value.is_integer()
             value = int(value) if ok else value
         else:
-            value = float(value)
-            ok = True
+            ok = abs(value) <= _LARGEST_FLOAT  # a JSON integer can be past every float
+            value = float(value) if ok else value
         if ok and self.kind in (int, float):
             ok = self.low is None or (value > self.low if self.low_open else value >= self.low)
             ok = ok and (self.high is None or value <= self.high)

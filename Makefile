@@ -11,7 +11,7 @@ TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs check-pin port lint format bench clean
+.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -30,6 +30,9 @@ test: venv assemble
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/)
 	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)")
+
+config-docs: venv ## rewrite the config tables of docs/cpp.md and docs/dual-stream.md from the code
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset config-docs $(TARGET_ARGS)
 
 check-pin:        ## does the series apply to another release? make check-pin VERSION=x.y.z
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }

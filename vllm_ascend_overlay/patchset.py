@@ -6,7 +6,9 @@ patch set; this module says which, so a running server's log and a bug report na
 
 from __future__ import annotations
 
-import logging
+from vllm.logger import init_logger
+
+logger = init_logger(__name__)
 
 PATCHSET_VERSION = "0.23.0+cpp.ds1"
 UPSTREAM_VERSION = "0.23.0"
@@ -29,4 +31,4 @@ def log_patchset() -> None:
     if _logged:
         return
     _logged = True
-    logging.getLogger("vllm_ascend").info("%s", describe())
+    logger.info("[PatchSet] %s", describe())

@@ -109,6 +109,17 @@ def cmd_port(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_config_docs(args: argparse.Namespace) -> int:
+    from .assemble import assemble
+    from .config_docs import SECTIONS, section_class, write
+
+    assembled = assemble(_target(args)).root
+    for doc in SECTIONS:
+        changed = write(doc, section_class(doc, assembled))
+        print(f"{doc}: {'table rewritten' if changed else 'up to date'}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["cpp-twin"]:  # its own argument parser: see docs/cpp-twin.md
@@ -133,6 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream-src", help="with --target: a vllm-ascend git checkout that has the target's commit")
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
+    p = sub.add_parser("config-docs", help="rewrite the docs' config tables from the config dataclasses")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_config_docs)
     p = sub.add_parser("check-pin", help="report whether each patch applies to another upstream release")
     p.add_argument("version")
     p.add_argument("--py")

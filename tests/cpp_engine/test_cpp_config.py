@@ -12,12 +12,13 @@ from vllm_ascend.core import cpp_config
 from vllm_ascend.core.cpp_config import CppConfigError, parse_cpp_config
 
 
-def engine(pp: int = 2, chunked: bool = True, scheduler_cls=None, max_batched: int = 8192):
+def engine(pp: int = 2, chunked: bool = True, scheduler_cls=None, max_batched: int = 8192, block_size: int = 128):
     return SimpleNamespace(
         parallel_config=SimpleNamespace(pipeline_parallel_size=pp),
         scheduler_config=SimpleNamespace(
             enable_chunked_prefill=chunked, scheduler_cls=scheduler_cls, max_num_batched_tokens=max_batched
         ),
+        cache_config=SimpleNamespace(block_size=block_size),
     )
 
 
@@ -31,7 +32,7 @@ def test_defaults_keep_upstream_keys_and_add_ours():
     config = load({"enabled": True})
     assert config.enabled and config.need_timing
     assert (config.smooth_factor, config.min_chunk, config.max_fit_chunk) == (1.0, None, 30)
-    assert (config.profile_points, config.timing_every, config.tail_tolerance) == (64, 16, 0.15)
+    assert (config.profile_points, config.timing_every, config.tail_tolerance) == (64, 16, 0.0)
     assert config.cache_dir == "~/.cache/vllm_ascend/cpp" and config.cache_path.endswith("/.cache/vllm_ascend/cpp")
     assert not load(None).enabled and not load({}).need_timing
 
@@ -41,8 +42,32 @@ def test_an_upstream_config_still_parses():
     assert (config.smooth_factor, config.min_chunk, config.need_timing, config.max_fit_chunk) == (0.8, 1024, False, 40)
 
 
-def test_min_chunk_above_the_token_budget_is_clamped_like_upstream():
+def test_the_refit_window_has_its_own_key_and_max_fit_chunk_keeps_upstreams():
+    assert (load({}).max_fit_chunk, load({}).calibration_window) == (30, 30)
+    assert (load({"max_fit_chunk": 12}).max_fit_chunk, load({"max_fit_chunk": 12}).calibration_window) == (12, 30)
+    config = load({"calibration_window": 64})
+    assert (config.max_fit_chunk, config.calibration_window) == (30, 64)
+    with pytest.raises(CppConfigError, match=r"calibration_window=7: must be an integer >= 8 \(default 30\)"):
+        load({"calibration_window": 7})
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, None), (50, 50.0), (0.5, 0.5)])
+def test_max_batch_ms_is_a_positive_number_of_ms_or_null(value, expected):
+    assert load({"max_batch_ms": value}).max_batch_ms == expected
+    assert load({}).max_batch_ms is None
+
+
+@pytest.mark.parametrize("value", [0, -5, "50", True, float("inf")])
+def test_max_batch_ms_refuses_what_is_not_a_positive_number(value):
+    with pytest.raises(CppConfigError, match=r"max_batch_ms=.*: must be a number > 0, or null \(default null\)"):
+        load({"max_batch_ms": value})
+
+
+def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):
+    warnings = []
+    monkeypatch.setattr(cpp_config.logger, "warning", lambda message, *args: warnings.append(message % args))
     assert load({"enabled": True, "min_chunk": 4096}, engine(max_batched=2048)).min_chunk == 2048
+    assert warnings == ["[CPP] profiling_chunk_config.min_chunk=4096 is above max_num_batched_tokens=2048; using 2048"]
 
 
 def test_empty_cache_dir_turns_the_cache_off():
@@ -53,13 +78,13 @@ def test_unknown_key_lists_the_valid_keys():
     with pytest.raises(CppConfigError) as error:
         load({"enabled": True, "smoth_factor": 0.5})
     message = str(error.value)
-    assert "unknown key(s) ['smoth_factor']" in message
+    assert "profiling_chunk_config.smoth_factor=0.5: not a known key" in message
     for key in ("enabled", "smooth_factor", "min_chunk", "max_fit_chunk", "need_timing", "cache_dir", "timing_every"):
         assert key in message
 
 
 def test_not_an_object():
-    with pytest.raises(CppConfigError, match=r"profiling_chunk_config must be a JSON object"):
+    with pytest.raises(CppConfigError, match=r"profiling_chunk_config=True: must be a JSON object"):
         load(True)
 
 
@@ -67,19 +92,22 @@ def test_not_an_object():
     ("raw", "message"),
     [
         ({"enabled": "yes"}, r"profiling_chunk_config.enabled='yes': must be true or false"),
-        ({"smooth_factor": 0}, r"profiling_chunk_config.smooth_factor=0: must be in \(0, 1\]"),
-        ({"smooth_factor": 1.5}, r"profiling_chunk_config.smooth_factor=1.5: must be in \(0, 1\]"),
+        ({"smooth_factor": 0}, r"profiling_chunk_config.smooth_factor=0: must be a number in \(0, 1\]"),
+        ({"smooth_factor": 1.5}, r"profiling_chunk_config.smooth_factor=1.5: must be a number in \(0, 1\]"),
         ({"smooth_factor": "high"}, r"profiling_chunk_config.smooth_factor='high': must be a number"),
-        ({"min_chunk": 0}, r"profiling_chunk_config.min_chunk=0: must be >= 1"),
+        ({"min_chunk": 0}, r"profiling_chunk_config.min_chunk=0: must be an integer >= 1, or null"),
         ({"min_chunk": 12.5}, r"profiling_chunk_config.min_chunk=12.5: must be an integer"),
-        ({"max_fit_chunk": 5}, r"profiling_chunk_config.max_fit_chunk=5: must be in \[8, 4096\]"),
+        ({"max_fit_chunk": 5}, r"profiling_chunk_config.max_fit_chunk=5: must be an integer in \[8, 4096\]"),
         ({"need_timing": 1}, r"profiling_chunk_config.need_timing=1: must be true or false"),
-        ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a folder path"),
-        ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be in \[8, 1024\]"),
-        ({"profile_repeats": 0}, r"profiling_chunk_config.profile_repeats=0: must be in \[1, 16\]"),
-        ({"profile_history_points": -1}, r"profiling_chunk_config.profile_history_points=-1: must be in \[0, 64\]"),
-        ({"timing_every": 0}, r"profiling_chunk_config.timing_every=0: must be in \[1, 1000000\]"),
-        ({"tail_tolerance": -0.1}, r"profiling_chunk_config.tail_tolerance=-0.1: must be in \[0, 1\]"),
+        ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a string, or null"),
+        ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be an integer in \[8, 1024\]"),
+        ({"profile_repeats": 0}, r"profiling_chunk_config.profile_repeats=0: must be an integer in \[1, 16\]"),
+        (
+            {"profile_history_points": -1},
+            r"profiling_chunk_config.profile_history_points=-1: must be an integer in \[0, 64\]",
+        ),
+        ({"timing_every": 0}, r"profiling_chunk_config.timing_every=0: must be an integer in \[1, 1000000\]"),
+        ({"tail_tolerance": -0.1}, r"profiling_chunk_config.tail_tolerance=-0.1: must be a number in \[0, 1\]"),
         ({"tail_tolerance": True}, r"profiling_chunk_config.tail_tolerance=True: must be a number"),
     ],
 )
@@ -108,8 +136,26 @@ def test_not_with_balance_scheduling():
         load({"enabled": True}, balance=True)
 
 
+@pytest.mark.parametrize(("block_size", "max_batched"), [(16, 48), (128, 100), (1, 1), (256, 255)])
+def test_any_token_budget_is_a_valid_base_chunk_whatever_the_block_size(block_size, max_batched):
+    """Chunks are any number of tokens, so no --max-num-batched-tokens is too small for the block size."""
+    vllm_config = engine(max_batched=max_batched, block_size=block_size)
+    assert load({"enabled": True}, vllm_config).enabled
+    cpp_config.select_cpp_scheduler(vllm_config)
+    assert vllm_config.scheduler_config.scheduler_cls == cpp_config.SCHEDULER_CLS
+
+
+def test_every_unmet_engine_requirement_is_reported():
+    with pytest.raises(CppConfigError) as error:
+        load({"enabled": True}, engine(pp=1, chunked=False, max_batched=32), balance=True)
+    message = str(error.value)
+    assert message.startswith("profiling_chunk_config: 3 problems:")
+    for part in ("pipeline_parallel_size=1", "needs chunked prefill", "balance scheduling"):
+        assert part in message
+
+
 def test_disabled_config_has_no_engine_requirements():
-    assert not load({"enabled": False}, engine(pp=1, chunked=False), balance=True).enabled
+    assert not load({"enabled": False}, engine(pp=1, chunked=False, max_batched=1), balance=True).enabled
 
 
 def test_not_with_another_scheduler_override():
@@ -141,7 +187,7 @@ def test_ascend_config_runs_the_check(tmp_path):
     with pytest.raises(CppConfigError, match="pipeline_parallel_size=1"):
         AscendConfig(vllm_config)
     vllm_config = helpers.make_vllm_config(tmp_path, additional_config={"profiling_chunk_config": {"enabld": True}})
-    with pytest.raises(CppConfigError, match="unknown key"):
+    with pytest.raises(CppConfigError, match="profiling_chunk_config.enabld=True: not a known key"):
         AscendConfig(vllm_config)
     vllm_config = helpers.make_vllm_config(tmp_path, additional_config={})
     assert not AscendConfig(vllm_config).profiling_chunk_config.enabled

@@ -7,18 +7,16 @@ from types import SimpleNamespace
 
 import pytest
 from vllm_ascend.dual_stream import config as config_module
-from vllm_ascend.dual_stream.config import (
-    DEFAULT_BALANCE_THRESHOLD,
-    DEFAULT_LENGTH_THRESHOLD_TOKENS,
-    DualStreamConfig,
-    validate_dual_stream_config,
-)
+from vllm_ascend.dual_stream.config import DualStreamConfig, validate_dual_stream_config
 
 
-def deployment(raw=None, tp=2, pp=1, **ascend):
+def deployment(raw=None, tp=2, pp=1, max_batched=8192, **ascend):
     vllm_config = SimpleNamespace(
         additional_config={} if raw is None else {"dual_stream_config": raw},
         parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=max_batched),
+        kv_transfer_config=None,
+        lora_config=None,
     )
     defaults = dict(
         enable_flashcomm1=False,
@@ -38,10 +36,7 @@ def validate(raw=None, **kwargs):
 
 def test_absent_means_off_with_documented_defaults():
     config = validate()
-    assert config == DualStreamConfig(
-        False, "token_balanced", DEFAULT_BALANCE_THRESHOLD, DEFAULT_LENGTH_THRESHOLD_TOKENS
-    )
-    assert (config.balance_threshold, config.length_threshold) == (1.0, 128)
+    assert config == DualStreamConfig(False, "token_balanced", 1.0, 128)
 
 
 def test_a_full_valid_config_is_taken_as_given():
@@ -50,35 +45,59 @@ def test_a_full_valid_config_is_taken_as_given():
 
 
 def test_not_an_object():
-    with pytest.raises(ValueError, match=r"dual_stream_config must be a JSON object.*got list"):
+    with pytest.raises(ValueError, match=r"dual_stream_config=\[True\]: must be a JSON object"):
         validate([True])
 
 
-def test_unknown_key():
-    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_treshold is not a known key.*spelling"):
-        validate({"enabled": True, "balance_treshold": 0.2})
+def test_unknown_keys_are_all_reported():
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True, "balance_treshold": 0.2, "lenght_threshold": 64})
+    message = str(info.value)
+    assert "dual_stream_config.balance_treshold=0.2: not a known key" in message
+    assert "dual_stream_config.lenght_threshold=64: not a known key" in message
+    assert "The keys of dual_stream_config are enabled, split_strategy, balance_threshold, length_threshold." in message
 
 
 def test_enabled_not_a_bool():
-    with pytest.raises(ValueError, match=r"dual_stream_config\.enabled must be true or false, got 'yes'"):
+    with pytest.raises(ValueError, match=r"dual_stream_config\.enabled='yes': must be true or false"):
         validate({"enabled": "yes"})
 
 
 def test_unknown_strategy():
-    with pytest.raises(ValueError, match=r"split_strategy 'balanced' is not a known strategy.*'half_batch'"):
+    with pytest.raises(ValueError, match=r"split_strategy='balanced': must be one of 'half_batch', 'token_balanced'"):
         validate({"enabled": True, "split_strategy": "balanced"})
 
 
 @pytest.mark.parametrize("value", [0, -0.5, float("nan"), float("inf"), True, "1.0"])
 def test_balance_threshold_out_of_range(value):
-    with pytest.raises(ValueError, match=r"dual_stream_config\.balance_threshold must be a finite number > 0"):
+    with pytest.raises(
+        ValueError, match=r"dual_stream_config\.balance_threshold=.*: must be a number > 0 \(default 1.0\)"
+    ):
         validate({"enabled": True, "balance_threshold": value})
 
 
 @pytest.mark.parametrize("value", [0, -3, 12.5, False, "128"])
 def test_length_threshold_out_of_range(value):
-    with pytest.raises(ValueError, match=r"dual_stream_config\.length_threshold must be an integer number of tokens"):
+    with pytest.raises(
+        ValueError, match=r"dual_stream_config\.length_threshold=.*: must be an integer >= 1 \(default 128\)"
+    ):
         validate({"enabled": True, "length_threshold": value})
+
+
+def test_an_integral_float_is_taken_as_an_integer_as_in_the_cpp_config():
+    config = validate({"enabled": True, "length_threshold": 128.0})
+    assert config.length_threshold == 128 and type(config.length_threshold) is int
+
+
+@pytest.mark.parametrize("value", [1e12, 4097, 10**9])
+def test_a_length_threshold_no_batch_can_meet_is_refused(value):
+    """Both halves need length_threshold tokens, a batch holds at most max_num_batched_tokens."""
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True, "length_threshold": value}, max_batched=8192)
+    message = str(info.value)
+    assert message.startswith(f"dual_stream_config.length_threshold={int(value)!r}: must be <= 4096, half of")
+    assert "--max-num-batched-tokens (8192)" in message
+    assert validate({"enabled": True, "length_threshold": 4096}, max_batched=8192).length_threshold == 4096
 
 
 def test_pipeline_parallel():
@@ -142,6 +161,42 @@ def test_kv_transfer_connector():
     assert "Either serve without --kv-transfer-config or disable dual_stream_config." in message
 
 
+def test_every_problem_of_the_deployment_is_reported():
+    with pytest.raises(ValueError) as info:
+        validate(
+            {"enabled": True, "length_threshold": 5000}, pp=2, enable_flashcomm1=True, enable_matmul_allreduce=True
+        )
+    lines = str(info.value).splitlines()
+    assert lines[0] == "dual_stream_config: 4 problems:"
+    for part in (
+        "pipeline_parallel_size == 1",
+        "length_threshold=5000",
+        "enable_flashcomm1",
+        "enable_matmul_allreduce",
+    ):
+        assert any(part in line for line in lines[1:]), part
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in config_module.ASCEND_CONFLICTS])
+def test_a_conflict_flag_missing_from_ascend_config_stops_start_up(path):
+    """A flag that upstream renames or removes must not make the conflict check pass silently."""
+    ascend, vllm_config = deployment({"enabled": True})
+    owner, _, name = path.rpartition(".")
+    holder = getattr(ascend, owner) if owner else ascend
+    delattr(holder, name)
+    with pytest.raises(RuntimeError) as info:
+        validate_dual_stream_config(ascend, vllm_config)
+    assert f"has no {path}, a setting dual stream cannot run with" in str(info.value)
+
+
+@pytest.mark.parametrize("path", [path for path, *_ in config_module.VLLM_CONFLICTS])
+def test_a_conflict_setting_missing_from_vllm_config_stops_start_up(path):
+    ascend, vllm_config = deployment({"enabled": True})
+    delattr(vllm_config, path)
+    with pytest.raises(RuntimeError, match=f"has no {path}, a setting dual stream cannot run with"):
+        validate_dual_stream_config(ascend, vllm_config)
+
+
 def test_conflicts_do_not_matter_when_off():
     assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
 
@@ -153,4 +208,5 @@ def test_tp1_warns_once_and_stays_valid(caplog, monkeypatch):
         validate({"enabled": True}, tp=1)  # AscendConfig built again: no second warning
     assert config.enabled
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "tensor_parallel_size is 1" in warnings[0].getMessage()
+    assert len(warnings) == 1 and warnings[0].getMessage().startswith("[DualStream] dual_stream_config.enabled")
+    assert "tensor_parallel_size is 1" in warnings[0].getMessage()

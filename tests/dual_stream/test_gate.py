@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from vllm_ascend.dual_stream.config import DualStreamConfig
 from vllm_ascend.dual_stream.gate import decide
+from vllm_ascend.dual_stream.split import split_metadata_by_layer
 
 from dual_stream.batches import FakeAscendMetadata, FakeAttentionState, Request, build_batch
 
@@ -22,9 +24,10 @@ def _batch(requests=MIXED, **kwargs):
 
 def test_a_mixed_prefill_batch_is_split():
     metadata, tokens = _batch()
-    decision = decide(ON, {"l0": metadata, "l1": metadata}, tokens, tp_world_size=2, eager=True)
-    assert decision.reason == "split" and decision.plan.point.first_tokens == 22
-    first, second = decision.plan.metadata
+    by_layer = {"l0": metadata, "l1": metadata}
+    decision = decide(ON, by_layer, tokens, tp_world_size=2, eager=True)
+    assert decision.reason == "split" and decision.point.first_tokens == 22
+    first, second = split_metadata_by_layer(by_layer, decision.point)
     assert first["l0"] is first["l1"]
 
 
@@ -45,14 +48,14 @@ def test_batches_that_stay_single_stream(change, reason):
     call = dict(config=ON, attn_metadata={"l0": metadata}, num_input_tokens=tokens, tp_world_size=2, eager=True)
     call.update(change)
     decision = decide(**call)
-    assert decision.plan is None and decision.reason.startswith(reason)
+    assert decision.point is None and decision.reason.startswith(reason)
 
 
 @pytest.mark.parametrize("state", [FakeAttentionState.DecodeOnly, FakeAttentionState.SpecDecoding])
 def test_decode_and_speculative_batches_stay_single_stream(state):
     metadata, tokens = _batch([Request(5, 1)] * 4 if state is FakeAttentionState.DecodeOnly else MIXED, state=state)
     decision = decide(DualStreamConfig(True, "half_batch", 1.0, 1), {"l0": metadata}, tokens, 2, True)
-    assert decision.plan is None and decision.reason == f"{state.name} batch"
+    assert decision.point is None and decision.reason == f"{state.name} batch"
 
 
 def test_a_padding_request_keeps_the_batch_single_stream():
@@ -94,20 +97,34 @@ def test_attention_groups_that_disagree_keep_single_stream():
     assert decide(ON, {"l0": metadata, "l1": other}, tokens, 2, True).reason == "attention groups disagree on the batch"
 
 
-def test_the_decision_reads_no_device_values():
-    """Device tensors replaced by meta tensors (shapes, no data): same decision, same split.
+class TensorOps(TorchDispatchMode):
+    """Records every tensor operation dispatched while active."""
 
-    The decision therefore rests on host-side lists and counts built from the scheduler
-    output, which every TP rank holds identically, and never synchronises the device.
-    """
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("requests", [MIXED, [Request(5, 1)] * 4, MIXED[:1]])
+def test_the_decision_runs_no_tensor_operation(requests):
+    """The decision reads host-side lists, counts and shapes only, which every TP rank holds
+    identically: so its outcome, and a fault in it, is the same on every rank (the model may
+    fall back on such a fault without the ranks' collectives diverging), and it never
+    synchronises or allocates on the device."""
+    metadata, tokens = _batch(requests)
+    with TensorOps() as recorded:
+        decide(ON, {"l0": metadata, "l1": metadata}, tokens, 2, True)
+    assert recorded.ops == []
+
+
+def test_the_tensor_operation_recorder_sees_the_metadata_split():
+    """Cutting the metadata (after the decision, where faults propagate) does run tensor ops."""
     metadata, tokens = _batch()
-    on_meta = dataclasses.replace(
-        metadata,
-        query_start_loc=metadata.query_start_loc.to("meta"),
-        slot_mapping=metadata.slot_mapping.to("meta"),
-        block_tables=metadata.block_tables.to("meta"),
-    )
-    host = decide(ON, {"l0": metadata}, tokens, 2, True)
-    meta = decide(ON, {"l0": on_meta}, tokens, 2, True)
-    assert meta.reason == host.reason == "split" and meta.plan.point == host.plan.point
-    assert meta.plan.metadata[1]["l0"].query_start_loc.device.type == "meta"
+    point = decide(ON, {"l0": metadata}, tokens, 2, True).point
+    with TensorOps() as recorded:
+        split_metadata_by_layer({"l0": metadata}, point)
+    assert recorded.ops

@@ -10,11 +10,17 @@ the metadata it is given is a self-consistent batch.
 Each scenario runs one batch single-stream (the upstream forward) and dual-stream, from
 the same KV cache, and reports the largest differences of output and cache. Results go
 to OUT as JSON; the pytest side (test_tp_equivalence.py) asserts on them.
+
+Last, rank 0 alone faults in the middle of a dual-stream forward (``one_rank_fault``):
+the fault must surface on rank 0 and both processes must end. That result goes to
+OUT.fault.json, and the process exits without tearing the group down (a peer may be
+stuck in a collective, as in a real job).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -29,7 +35,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
-from vllm_ascend.dual_stream.streams import CpuBackend  # noqa: E402
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 96
@@ -95,38 +100,6 @@ class ReferenceAttention(nn.Module):
         return out.view(num_tokens, heads * dim)
 
 
-class DeferredAllReduceBackend(CpuBackend):
-    """Fault detector: an all-reduce runs only when the event recorded after it is waited on.
-
-    Recording an event on the communication stream binds the all-reduces issued since;
-    waiting on it runs them (blocking, in the same order on every rank). A missing wait
-    leaves a partial sum in place, so a schedule that depends on a missing wait computes
-    a different answer; a wait on an event not yet recorded raises (base class).
-    """
-
-    def __init__(self, group):
-        super().__init__()
-        self.group = group
-        self.pending: list[torch.Tensor] = []
-        self.bound: dict = {}
-
-    def begin(self):
-        super().begin()
-        self.pending, self.bound = [], {}
-
-    def all_reduce(self, partial):
-        self._require_comm_stream()
-        self.pending.append(partial)
-        return partial  # reduced in place only when its event is waited on
-
-    def _record(self, key):
-        self.bound[key], self.pending = (self.pending, []) if self._on_comm_stream else ([], self.pending)
-
-    def _wait(self, key):
-        for tensor in self.bound.pop(key, []):
-            dist.all_reduce(tensor, group=self.group)
-
-
 def init_weights(model: nn.Module) -> None:
     """Deterministic per parameter name, so both runs of a rank use the same weights."""
     for name, param in model.named_parameters():
@@ -155,6 +128,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
     torch.set_num_threads(1)
     started = time.monotonic()
     results: dict = {"rank": rank, "runs": [], "errors": []}
+    fault_phase = None
     try:
         import vllm.model_executor.models.qwen3 as vllm_qwen3
         from vllm.config import (
@@ -169,10 +143,10 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         from vllm.forward_context import set_forward_context
         from vllm_ascend.dual_stream import schedule
         from vllm_ascend.dual_stream.config import DualStreamConfig
-        from vllm_ascend.dual_stream.streams import GlooAsyncBackend, SequentialBackend
         from vllm_ascend.models.qwen3 import DualStreamQwen3ForCausalLM
 
         from dual_stream.batches import build_batch
+        from dual_stream.cpu_backends import DeferredAllReduceBackend, GlooAsyncBackend, SequentialBackend
 
         model_config = ModelConfig(
             model=model_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
@@ -198,32 +172,37 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         history = [torch.randn(kv_shape, generator=torch.Generator().manual_seed(100 + i)) for i in range(2)]
         vocab = model.config.vocab_size
 
-        def run(requests, state, config, backend, mutate="", lenient=False):
+        def forward(target, requests, state, mutate=""):
+            """``target``'s forward of one batch from the shared KV history; output and caches."""
             metadata, positions = build_batch(requests, BLOCK_SIZE, NUM_BLOCKS, seed=3, state=state)
             input_ids = torch.randint(0, vocab, (positions.shape[0],), generator=torch.Generator().manual_seed(9))
-            for attn, cache in zip(attention, history, strict=True):
+            layers = [layer.self_attn.attn for layer in target.model.layers]
+            for attn, cache in zip(layers, history, strict=True):
                 attn.kv_cache = cache.clone()
-            model.dual_stream_config = config
-            if not lenient:
-                model._dual_stream_on = config.enabled
-            model.dual_stream_backend = backend
-            model.dual_stream_strict = not lenient
-            before = model.dual_stream_batches
             patch = contextlib.nullcontext()
             if mutate:  # the name of the schedule's wait to remove
                 patch = _patched(schedule, mutate, lambda *a, **k: None)
             with (
                 set_current_vllm_config(vllm_config),
                 set_forward_context(
-                    {a.layer_name: metadata for a in attention},
+                    {a.layer_name: metadata for a in layers},
                     vllm_config,
-                    slot_mapping={a.layer_name: metadata.slot_mapping for a in attention},
+                    slot_mapping={a.layer_name: metadata.slot_mapping for a in layers},
                 ),
                 patch,
                 torch.no_grad(),
             ):
-                out = model(input_ids, positions)
-            return out, [a.kv_cache.clone() for a in attention], model.dual_stream_batches > before
+                out = target(input_ids, positions)
+            return out, [a.kv_cache.clone() for a in layers]
+
+        def run(requests, state, config, backend, mutate="", keep_switch=False):
+            model.dual_stream_config = config
+            if not keep_switch:  # else the model's own on/off state (after a fall back) decides
+                model._dual_stream_on = config.enabled
+            model.dual_stream_backend = backend
+            before = model.dual_stream_batches
+            out, caches = forward(model, requests, state, mutate)
+            return out, caches, model.dual_stream_batches > before
 
         backends = {
             "sequential": lambda: SequentialBackend(group.all_reduce),
@@ -261,81 +240,145 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
                         ),
                     }
                 )
-        results["fault"] = fault_falls_back(model, run, scenarios()["mixed_with_history"])
+        with set_current_vllm_config(vllm_config):
+            upstream = vllm_qwen3.Qwen3ForCausalLM(vllm_config=vllm_config).eval()
+        init_weights(upstream)
+        results["feature_off"] = feature_off_is_vllms_forward(model, upstream, forward, run)
+        results["fault"] = decision_fault_falls_back(model, run, scenarios()["mixed_with_history"])
         if rank == 0:
             results["registered"] = registered_qwen3()
             results["ascend_config"] = ascend_config_hook_cases(model_config)
+        fault_phase = functools.partial(one_rank_fault, model, run, scenarios()["mixed_with_history"], rank, group)
     except Exception:
         results["errors"].append(traceback.format_exc())
     results["total_s"] = time.monotonic() - started
-    with open(out_path, "w") as f:
+    _write(out_path, results)
+    if fault_phase is None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return
+    _write(out_path + ".fault.json", fault_phase())
+
+
+def _write(path: str, results: dict) -> None:
+    with open(path, "w") as f:
         json.dump(results, f)
-    if dist.is_initialized():
-        dist.destroy_process_group()
 
 
-class FailingBackend(CpuBackend):
-    """Raises at the first all-reduce of layer 1 (after layer 0's collectives ran), on every rank."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.calls = inner, 0
-
-    def _record(self, key):
-        self.inner._recorded.add(key)
-        self.inner._record(key)
-
-    def _wait(self, key):
-        self.inner._wait(key)
-
-    def all_reduce(self, partial):
-        self.calls += 1
-        if self.calls == 5:  # 2 micro-batches x (attention + MLP) = 4 per layer
-            raise RuntimeError("injected communication fault")
-        with self.inner.comm_stream():
-            return self.inner.all_reduce(partial)
-
-    def finish(self):
-        self.inner.finish()
-
-
-def fault_falls_back(model, run, scenario):
-    """A fault inside the dual-stream path: same answer from the upstream forward, one warning, then off."""
+def _capture_warnings(module):
     import logging
 
-    from vllm_ascend.dual_stream.config import DualStreamConfig
-    from vllm_ascend.dual_stream.streams import GlooAsyncBackend
-    from vllm_ascend.models import qwen3 as ours
-
-    requests, state = scenario
-    reference, ref_cache, _ = run(requests, state, DualStreamConfig(), None)
     records = []
 
     class Capture(logging.Handler):
         def emit(self, record):
-            records.append(record)
+            records.append(record.getMessage())
 
     handler = Capture(level=logging.WARNING)
-    ours.logger.addHandler(handler)
+    module.logger.addHandler(handler)
+    return records, lambda: module.logger.removeHandler(handler)
+
+
+def feature_off_is_vllms_forward(model, upstream, forward, run):
+    """Our class with the feature off against vLLM's Qwen3ForCausalLM, same weights, same batches."""
+    from vllm_ascend.dual_stream.config import DualStreamConfig
+
+    ours = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    theirs = {n: tuple(p.shape) for n, p in upstream.named_parameters()}
+    cases = []
+    for name, (requests, state) in scenarios().items():
+        expected, expected_cache = forward(upstream, requests, state)
+        out, cache, took_dual = run(requests, state, DualStreamConfig(), None)
+        cases.append(
+            {
+                "scenario": name,
+                "took_dual": took_dual,
+                "equal": bool(torch.equal(out, expected)),
+                "caches_equal": all(torch.equal(c, e) for c, e in zip(cache, expected_cache, strict=True)),
+            }
+        )
+    return {"same_parameters": ours == theirs, "num_parameters": len(ours), "cases": cases}
+
+
+def decision_fault_falls_back(model, run, scenario):
+    """A fault in the gate's decision (on every rank, as its inputs are the same everywhere):
+    the upstream forward of the same batch, one warning, then the feature is off."""
+    from vllm_ascend.dual_stream import gate
+    from vllm_ascend.dual_stream.config import DualStreamConfig
+    from vllm_ascend.models import qwen3 as ours
+
+    from dual_stream.cpu_backends import GlooAsyncBackend
+
+    def broken_split(*args, **kwargs):
+        raise RuntimeError("injected fault in the split decision")
+
+    requests, state = scenario
+    reference, ref_cache, _ = run(requests, state, DualStreamConfig(), None)
     config = DualStreamConfig(True, "half_batch", 1.0, 2)
+    warnings, detach = _capture_warnings(ours)
     try:
-        backend = FailingBackend(GlooAsyncBackend(None))
         model._dual_stream_on = True
-        out, cache, took_dual = run(requests, state, config, backend, lenient=True)
+        with _patched(gate, "choose_split", broken_split):
+            out, cache, took_dual = run(requests, state, config, GlooAsyncBackend(None), keep_switch=True)
         still_on = model._dual_stream_on
-        again, _, took_dual_again = run(requests, state, config, GlooAsyncBackend(None), lenient=True)
+        again, _, took_dual_again = run(requests, state, config, GlooAsyncBackend(None), keep_switch=True)
     finally:
-        ours.logger.removeHandler(handler)
+        detach()
     return {
         "took_dual": took_dual,
         "took_dual_again": took_dual_again,
         "still_on": still_on,
-        "warnings": [r.getMessage() for r in records],
+        "warnings": warnings,
         "max_out_diff": float((out - reference).abs().max()),
         "max_cache_diff": _max_diff(cache, ref_cache),
         "max_out_diff_after": float((again - reference).abs().max()),
-        "failing_backend_calls": backend.calls,
     }
+
+
+class FaultOnRankZero:
+    """Wraps a backend; on rank 0 the 5th all-reduce raises: layer 0's four have run, on both ranks."""
+
+    FAULT_AT_CALL = 5  # 2 micro-batches x (attention + MLP) = 4 all-reduces per layer
+
+    def __init__(self, inner, rank):
+        self.inner, self.rank, self.calls = inner, rank, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def all_reduce(self, partial):
+        self.calls += 1
+        if self.rank == 0 and self.calls == self.FAULT_AT_CALL:
+            raise RuntimeError("injected device fault on rank 0")
+        return self.inner.all_reduce(partial)
+
+
+def one_rank_fault(model, run, scenario, rank, group):
+    """Rank 0 faults after collectives were issued; rank 1 runs on. Neither may fall back."""
+    from vllm_ascend.dual_stream.config import DualStreamConfig
+    from vllm_ascend.models import qwen3 as ours
+
+    from dual_stream.cpu_backends import GlooAsyncBackend
+
+    requests, state = scenario
+    backend = FaultOnRankZero(GlooAsyncBackend(group.device_group), rank)
+    warnings, detach = _capture_warnings(ours)
+    result = {"rank": rank, "raised": None, "returned": False}
+    started = time.monotonic()
+    try:
+        run(requests, state, DualStreamConfig(True, "half_batch", 1.0, 2), backend)
+        result["returned"] = True
+    except Exception as exc:  # what the engine would see
+        result["raised"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        detach()
+    result.update(
+        warnings=warnings,
+        all_reduce_calls=backend.calls,
+        still_on=model._dual_stream_on,
+        seconds=time.monotonic() - started,
+    )
+    return result
 
 
 def registered_qwen3():

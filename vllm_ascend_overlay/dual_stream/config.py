@@ -1,22 +1,9 @@
 """``additional_config["dual_stream_config"]``: parsing and start-up validation.
 
 Switch: ``vllm serve ... --additional-config '{"dual_stream_config": {"enabled": true}}'``.
-Keys and defaults:
-
-- ``enabled`` (False): the feature is off unless asked for.
-- ``split_strategy`` ("token_balanced"): where the batch is cut. ``half_batch`` cuts at
-  request ``batch_size // 2`` (the seed's simple method); ``token_balanced`` cuts at the
-  request boundary whose cumulative token count is closest to half the tokens, which
-  keeps the two micro-batches' compute equal when decodes and long prefills are mixed.
-- ``balance_threshold`` (1.0): ``token_balanced`` refuses a split whose halves differ by
-  more than this fraction of the shorter one, ``|len1 - len2| / min(len1, len2)``. 1.0
-  (the larger half at most twice the smaller) is the value of the Qwen3-dense
-  implementation the seed describes (vllm-ascend PR #1699, never merged); a lopsided
-  split hides little communication and pays the micro-batching overhead in full.
-- ``length_threshold`` (128 tokens): both strategies refuse a split that leaves a
-  micro-batch shorter than this. Below ~128 tokens the all-reduce of a micro-batch is
-  latency-bound and its matmuls lose efficiency, so splitting costs more than it hides
-  (128 is again PR #1699's value; upstream's MoE multistream used 256).
+Each key's default, range and meaning is declared once, in ``DualStreamConfig``'s fields
+(``config_table.setting``); docs/dual-stream.md's table is tested against them, and says
+why the defaults are what they are.
 
 Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``ValueError``
 naming the key and the fix. Features that replace the row-parallel all-reduce path
@@ -33,110 +20,137 @@ inert.
 
 from __future__ import annotations
 
-import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
+from vllm.logger import init_logger
+from vllm_ascend.config_table import parse_section, problem, raise_problems, setting
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 CONFIG_KEY = "dual_stream_config"
-DEFAULT_BALANCE_THRESHOLD = 1.0
-DEFAULT_LENGTH_THRESHOLD_TOKENS = 128
 _warned_tp1 = False
 
 
 @dataclass(frozen=True)
 class DualStreamConfig:
-    enabled: bool = False
-    split_strategy: str = "token_balanced"
-    balance_threshold: float = DEFAULT_BALANCE_THRESHOLD
-    length_threshold: int = DEFAULT_LENGTH_THRESHOLD_TOKENS
+    enabled: bool = setting(False, "dual stream on or off")
+    split_strategy: str = setting(
+        "token_balanced",
+        "where the batch is cut: `token_balanced`, at the request boundary whose cumulative token count is "
+        "closest to half; `half_batch`, at request `batch_size // 2`",
+        choices=SPLIT_STRATEGIES,
+    )
+    balance_threshold: float = setting(
+        1.0,
+        "`token_balanced` refuses a split with `abs(len1 - len2) / min(len1, len2)` above this",
+        low=0,
+        low_open=True,
+    )
+    length_threshold: int = setting(
+        128, "both strategies refuse a split that leaves a micro-batch shorter than this many tokens", low=1
+    )
 
     @classmethod
     def from_dict(cls, raw: Any) -> DualStreamConfig:
         """Parse and range-check the user's dict; raise ``ValueError`` naming key and fix."""
-        if raw is None:
-            return cls()
-        if not isinstance(raw, dict):
-            raise ValueError(
-                f"{CONFIG_KEY} must be a JSON object such as "
-                f'{{"enabled": true, "split_strategy": "token_balanced"}}, got {type(raw).__name__}.'
-            )
-        known = {"enabled", "split_strategy", "balance_threshold", "length_threshold"}
-        unknown = sorted(set(raw) - known)
-        if unknown:
-            raise ValueError(
-                f"{CONFIG_KEY}.{unknown[0]} is not a known key. "
-                f"Use only {', '.join(sorted(known))} (check the spelling)."
-            )
-        enabled = raw.get("enabled", False)
-        if not isinstance(enabled, bool):
-            raise ValueError(f"{CONFIG_KEY}.enabled must be true or false, got {enabled!r}.")
-        strategy = raw.get("split_strategy", cls.split_strategy)
-        if strategy not in SPLIT_STRATEGIES:
-            raise ValueError(
-                f"{CONFIG_KEY}.split_strategy {strategy!r} is not a known strategy. "
-                f"Use one of {', '.join(repr(s) for s in SPLIT_STRATEGIES)}."
-            )
-        balance = raw.get("balance_threshold", DEFAULT_BALANCE_THRESHOLD)
-        if (
-            isinstance(balance, bool)
-            or not isinstance(balance, int | float)
-            or not math.isfinite(balance)
-            or balance <= 0
-        ):
-            raise ValueError(
-                f"{CONFIG_KEY}.balance_threshold must be a finite number > 0 "
-                f"(the allowed |len1 - len2| / min(len1, len2)), got {balance!r}. "
-                f"Set it to e.g. {DEFAULT_BALANCE_THRESHOLD} or leave it out."
-            )
-        length = raw.get("length_threshold", DEFAULT_LENGTH_THRESHOLD_TOKENS)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise ValueError(
-                f"{CONFIG_KEY}.length_threshold must be an integer number of tokens >= 1, got {length!r}. "
-                f"Set it to e.g. {DEFAULT_LENGTH_THRESHOLD_TOKENS} or leave it out."
-            )
-        return cls(enabled, strategy, float(balance), length)
+        return parse_section(cls, raw, key=CONFIG_KEY)
 
 
 _REPLACES_ALL_REDUCE = "it replaces the row-parallel all-reduce that dual stream moves to the communication stream"
+_PER_LAYER_CALL = "dual stream calls each layer once per micro-batch"
+
+# (flag of AscendConfig, its setting as the user knows it, why it conflicts, how to turn it off).
+# Each flag must exist in the pinned AscendConfig: a renamed or removed one stops start-up
+# (``_read_flag``) instead of passing the check silently.
+ASCEND_CONFLICTS = (
+    (
+        "enable_flashcomm1",
+        "enable_flashcomm1 (flashcomm1 / sequence parallelism)",
+        _REPLACES_ALL_REDUCE,
+        "set it to false",
+    ),
+    ("enable_sp_by_pass", "compilation_config.pass_config.enable_sp", _REPLACES_ALL_REDUCE, "turn that pass off"),
+    ("enable_matmul_allreduce", "enable_matmul_allreduce", _REPLACES_ALL_REDUCE, "set it to false"),
+    (
+        "enable_flashcomm2_parallel_size",
+        "enable_flashcomm2_parallel_size (flashcomm2)",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "finegrained_tp_config.mlp_tensor_parallel_size",
+        "finegrained_tp_config.mlp_tensor_parallel_size",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "finegrained_tp_config.oproj_tensor_parallel_size",
+        "finegrained_tp_config.oproj_tensor_parallel_size",
+        _REPLACES_ALL_REDUCE,
+        "set it to 0",
+    ),
+    (
+        "weight_prefetch_config.enabled",
+        "weight_prefetch_config.enabled",
+        f"its MLP prefetch advances a per-layer counter once per layer call, and {_PER_LAYER_CALL}",
+        "set it to false",
+    ),
+)
+# The same for VllmConfig: the setting is on when the attribute is not None.
+VLLM_CONFLICTS = (
+    (
+        "kv_transfer_config",
+        "a KV transfer connector (--kv-transfer-config)",
+        f"connectors load and save KV once per attention call of a layer, and {_PER_LAYER_CALL}",
+        "serve without --kv-transfer-config",
+    ),
+    (
+        "lora_config",
+        "LoRA (--enable-lora)",
+        "LoRA layers map tokens to adapters for the whole batch, not per micro-batch",
+        "serve without --enable-lora",
+    ),
+)
+_MISSING = object()
 
 
-def _conflicts(ascend_config: Any) -> list[tuple[str, str, str]]:
-    """(setting, why, how to turn it off) for every enabled feature dual stream cannot run with."""
-    found = []
-    if getattr(ascend_config, "enable_flashcomm1", False):
-        found.append(("enable_flashcomm1 (flashcomm1 / sequence parallelism)", _REPLACES_ALL_REDUCE, "set it to false"))
-    if getattr(ascend_config, "enable_sp_by_pass", False):
-        found.append(("compilation_config.pass_config.enable_sp", _REPLACES_ALL_REDUCE, "turn that pass off"))
-    if getattr(ascend_config, "enable_matmul_allreduce", False):
-        found.append(("enable_matmul_allreduce", _REPLACES_ALL_REDUCE, "set it to false"))
-    if (getattr(ascend_config, "enable_flashcomm2_parallel_size", 0) or 0) > 0:
-        found.append(("enable_flashcomm2_parallel_size (flashcomm2)", _REPLACES_ALL_REDUCE, "set it to 0"))
-    finegrained = getattr(ascend_config, "finegrained_tp_config", None)
-    for key in ("mlp_tensor_parallel_size", "oproj_tensor_parallel_size"):
-        if (getattr(finegrained, key, 0) or 0) > 0:
-            found.append((f"finegrained_tp_config.{key}", _REPLACES_ALL_REDUCE, "set it to 0"))
-    prefetch = getattr(ascend_config, "weight_prefetch_config", None)
-    if getattr(prefetch, "enabled", False):
-        found.append(
-            (
-                "weight_prefetch_config.enabled",
-                "its MLP prefetch advances a per-layer counter once per layer call, and dual stream calls "
-                "each layer once per micro-batch",
-                "set it to false",
+def _read_flag(config: Any, path: str) -> Any:
+    """``config.<path>``; an error naming the flag when the pinned release has no such attribute."""
+    value = config
+    for name in path.split("."):
+        value = getattr(value, name, _MISSING)
+        if value is _MISSING:
+            raise RuntimeError(
+                f"{CONFIG_KEY}: {type(config).__name__} has no {path}, a setting dual stream cannot run with; "
+                "this vllm-ascend release renamed or removed it. Update the conflict list in "
+                "vllm_ascend/dual_stream/config.py for this release, or disable dual_stream_config."
             )
-        )
-    return found
+    return value
+
+
+def _conflicts(ascend_config: Any, vllm_config: Any) -> list[str]:
+    """One line per enabled feature dual stream cannot run with."""
+    found = [
+        (setting, why, fix)
+        for path, setting, why, fix in ASCEND_CONFLICTS
+        if _read_flag(ascend_config, path)  # a size of 0 is off, like false
+    ]
+    found += [
+        (setting, why, fix) for path, setting, why, fix in VLLM_CONFLICTS if _read_flag(vllm_config, path) is not None
+    ]
+    return [
+        f"{CONFIG_KEY}.enabled cannot be combined with {setting}: {why}. Either {fix} or disable {CONFIG_KEY}."
+        for setting, why, fix in found
+    ]
 
 
 def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStreamConfig:
     """Parse ``additional_config["dual_stream_config"]`` and check it against the deployment.
 
     Called at the end of ``AscendConfig.__init__``, when every other feature flag is known.
+    Every problem is reported at once.
     """
     additional = getattr(vllm_config, "additional_config", None)
     if not isinstance(additional, dict):  # None, or a stand-in config object in other features' tests
@@ -144,40 +158,32 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     config = DualStreamConfig.from_dict(additional.get(CONFIG_KEY))
     if not config.enabled:
         return config
+    problems = []
     parallel = vllm_config.parallel_config
     if parallel.pipeline_parallel_size > 1:
-        raise ValueError(
+        problems.append(
             f"{CONFIG_KEY}.enabled requires pipeline_parallel_size == 1, got "
             f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
         )
-    conflicts = _conflicts(ascend_config)
-    if getattr(vllm_config, "kv_transfer_config", None) is not None:
-        conflicts.append(
-            (
-                "a KV transfer connector (--kv-transfer-config)",
-                "connectors load and save KV once per attention call of a layer, and dual stream calls each "
-                "layer's attention once per micro-batch",
-                "serve without --kv-transfer-config",
+    budget = vllm_config.scheduler_config.max_num_batched_tokens
+    if 2 * config.length_threshold > budget:
+        problems.append(
+            problem(
+                CONFIG_KEY,
+                "length_threshold",
+                config.length_threshold,
+                f"must be <= {budget // 2}, half of --max-num-batched-tokens ({budget}): both micro-batches "
+                "need this many tokens and a batch holds at most --max-num-batched-tokens, so no batch would "
+                "ever be split. Lower it or raise --max-num-batched-tokens",
             )
         )
-    if getattr(vllm_config, "lora_config", None) is not None:
-        conflicts.append(
-            (
-                "LoRA (--enable-lora)",
-                "LoRA layers map tokens to adapters for the whole batch, not per micro-batch",
-                "serve without --enable-lora",
-            )
-        )
-    if conflicts:
-        setting, why, fix = conflicts[0]
-        raise ValueError(
-            f"{CONFIG_KEY}.enabled cannot be combined with {setting}: {why}. " f"Either {fix} or disable {CONFIG_KEY}."
-        )
+    problems += _conflicts(ascend_config, vllm_config)
+    raise_problems(CONFIG_KEY, problems)
     global _warned_tp1
     if parallel.tensor_parallel_size <= 1 and not _warned_tp1:
         _warned_tp1 = True  # AscendConfig is built more than once per process
         logger.warning(
-            "%s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
+            "[DualStream] %s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
             "dual stream stays inert.",
             CONFIG_KEY,
         )

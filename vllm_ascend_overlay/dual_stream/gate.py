@@ -1,4 +1,4 @@
-"""Does this batch take the dual-stream path? The decision and its split.
+"""Does this batch take the dual-stream path? The decision and its split point.
 
 Dual stream runs only when all hold: the feature is on, TP > 1, the forward is eager
 (no graph captured or replayed), the attention metadata is the plain per-layer dict of
@@ -10,6 +10,11 @@ Every input is the same on every TP rank (the config, the TP size, the graph mod
 metadata built from the one scheduler output every rank receives; host-side lists and
 counts only, never device values), so all ranks take the same path. A rank that went
 dual-stream while another did not would issue collectives of other sizes: a hang.
+
+``decide`` runs no tensor operation at all (no device work, no allocation): a fault in
+it is a fault of the same inputs on every rank, so the model may fall back to single
+stream on it and all ranks fall back together. Cutting the metadata in two
+(``split.split_metadata_by_layer``) slices device tensors and happens after the decision.
 """
 
 from __future__ import annotations
@@ -25,22 +30,15 @@ from vllm_ascend.dual_stream.split import (
     choose_split,
     query_lens_from_cumulative,
     required_defaults_violated,
-    split_metadata_by_layer,
 )
 
 SINGLE_STREAM_STATES = frozenset({"DecodeOnly", "SpecDecoding"})
 
 
 @dataclass(frozen=True)
-class DualStreamPlan:
-    point: SplitPoint
-    metadata: tuple[dict[str, Any], dict[str, Any]]  # per micro-batch: layer name -> metadata
-
-
-@dataclass(frozen=True)
 class GateDecision:
-    plan: DualStreamPlan | None
-    reason: str  # why single stream; "split" when the plan is set
+    point: SplitPoint | None
+    reason: str  # why single stream; "split" when the point is set
 
 
 def _state_name(metadata: Any) -> str:
@@ -55,7 +53,7 @@ def decide(
     tp_world_size: int,
     eager: bool,
 ) -> GateDecision:
-    """Plan the split of this batch, or say why it runs single-stream."""
+    """Where to split this batch, or why it runs single-stream; host-side values only."""
     if not config.enabled:
         return GateDecision(None, "disabled")
     if tp_world_size <= 1:
@@ -92,4 +90,4 @@ def decide(
     )
     if point is None:
         return GateDecision(None, "split refused by strategy")
-    return GateDecision(DualStreamPlan(point, split_metadata_by_layer(attn_metadata, point)), "split")
+    return GateDecision(point, "split")

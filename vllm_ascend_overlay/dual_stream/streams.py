@@ -1,14 +1,10 @@
 """Streams, events and the all-reduce behind one small interface.
 
 The schedule (``schedule.py``) speaks only of events keyed ``(kind, layer, micro_batch)``,
-of a communication stream, and of an all-reduce launched on it. Backends:
-
-- ``NpuStreamBackend``: ``torch.npu.Stream`` / ``torch.npu.Event`` and the TP group's
-  all-reduce; tensors that cross streams are kept alive with ``record_stream``.
-- ``SequentialBackend`` (CPU): everything in program order, the all-reduce synchronous.
-- ``GlooAsyncBackend`` (CPU): ``torch.distributed`` all-reduce with ``async_op=True``;
-  recording an event on the communication stream binds the pending works to it and
-  waiting on the event waits on those works, so a missing wait reads a partial sum.
+of a communication stream, and of an all-reduce launched on it. ``NpuStreamBackend``
+implements it with ``torch.npu.Stream`` / ``torch.npu.Event`` and the TP group's
+all-reduce; tensors that cross streams are kept alive with ``record_stream``. (The CPU
+tests implement it with their own backends, which the package does not carry.)
 
 Every backend refuses to wait on an event that was not recorded in the same forward
 (``EventOrderError``): on a device a wait on an unrecorded event is silently a no-op,
@@ -20,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,9 +70,6 @@ class StreamBackend(ABC):
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Launch the TP all-reduce of ``partial`` on the current (communication) stream."""
 
-    def finish(self) -> None:  # noqa: B027 - synchronous backends have nothing outstanding
-        """Make the compute stream wait for everything issued on the communication stream."""
-
 
 class NpuStreamBackend(StreamBackend):
     """Ascend: a second stream for HCCL all-reduces, ordered against compute by events."""
@@ -119,79 +112,3 @@ class NpuStreamBackend(StreamBackend):
         if reduced is not partial:
             self._keep_alive(reduced, self._compute)  # made on comm, read on compute
         return reduced
-
-    def finish(self) -> None:
-        if self._compute is not None and self._comm is not None:
-            self._compute.wait_stream(self._comm)
-
-
-class CpuBackend(StreamBackend):
-    def __init__(self) -> None:
-        super().__init__()
-        self._on_comm_stream = False
-
-    @contextlib.contextmanager
-    def comm_stream(self) -> Iterator[None]:
-        if self._on_comm_stream:
-            raise RuntimeError("already on the communication stream")
-        self._on_comm_stream = True
-        try:
-            yield
-        finally:
-            self._on_comm_stream = False
-
-    def _require_comm_stream(self) -> None:
-        if not self._on_comm_stream:
-            raise RuntimeError("the dual-stream all-reduce must run on the communication stream")
-
-
-class SequentialBackend(CpuBackend):
-    """CPU, one thread: the all-reduce completes before it returns; events only checked."""
-
-    def __init__(self, all_reduce_fn: Callable[[torch.Tensor], torch.Tensor]):
-        super().__init__()
-        self._all_reduce_fn = all_reduce_fn
-
-    def _record(self, key: EventKey) -> None:
-        pass
-
-    def _wait(self, key: EventKey) -> None:
-        pass
-
-    def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        self._require_comm_stream()
-        return self._all_reduce_fn(partial)
-
-
-class GlooAsyncBackend(CpuBackend):
-    """CPU, torch.distributed (gloo): asynchronous in-place all-reduce, waited through events."""
-
-    def __init__(self, group: Any = None):
-        super().__init__()
-        self._group = group
-        self._pending: list[Any] = []
-        self._works: dict[EventKey, list[Any]] = {}
-
-    def begin(self) -> None:
-        self.finish()
-        super().begin()
-
-    def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        import torch.distributed as dist
-
-        self._require_comm_stream()
-        self._pending.append(dist.all_reduce(partial, group=self._group, async_op=True))
-        return partial  # reduced in place once the work completes
-
-    def _record(self, key: EventKey) -> None:
-        self._works[key], self._pending = (self._pending, []) if self._on_comm_stream else ([], self._pending)
-
-    def _wait(self, key: EventKey) -> None:
-        for work in self._works.pop(key, []):
-            work.wait()
-
-    def finish(self) -> None:
-        for works in [self._pending, *self._works.values()]:
-            for work in works:
-                work.wait()
-        self._pending, self._works = [], {}

@@ -6,16 +6,17 @@ for every batch when ``dual_stream_config.enabled`` is false. A qualifying batch
 embedded, cut into two micro-batches, run through the layers eagerly with the
 dual-stream schedule (``dual_stream.schedule``), merged and normalised.
 
-Runtime faults in the dual-stream path fall back to the upstream forward of the same
-batch with one warning, and the feature stays off for the rest of the process. The
-fallback is taken identically by all TP ranks when the fault is (as it is for anything
-derived from the batch) the same on every rank.
+Faults: only the decision (``gate.decide``) may fall back to the upstream forward, with
+one warning, the feature then off for the rest of the process. It runs before the first
+collective, on host-side values identical on every TP rank, so every rank meets the same
+fault and falls back together. From the embedding's all-reduce on, a fault propagates,
+as it would from the upstream forward: a rank that ran single-stream while its peers
+waited in dual-stream collectives would hang the job until the communication timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -25,15 +26,16 @@ from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.forward_context import ForwardContext, get_forward_context
+from vllm.logger import init_logger
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.sequence import IntermediateTensors
 from vllm_ascend.dual_stream.config import CONFIG_KEY, DualStreamConfig
-from vllm_ascend.dual_stream.gate import DualStreamPlan, decide
+from vllm_ascend.dual_stream.gate import decide
 from vllm_ascend.dual_stream.schedule import MicroBatch, run_layers
-from vllm_ascend.dual_stream.split import SplitPoint, split_tokens
+from vllm_ascend.dual_stream.split import SplitPoint, split_metadata_by_layer, split_tokens
 from vllm_ascend.dual_stream.streams import NpuStreamBackend, StreamBackend
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 
 def load_dual_stream_config(vllm_config: VllmConfig) -> DualStreamConfig:
@@ -86,12 +88,14 @@ def row_parallel_reduce_deferred(layers: list[Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def micro_batch_context(ctx: ForwardContext, plan: DualStreamPlan, index: int) -> Iterator[None]:
+def micro_batch_context(
+    ctx: ForwardContext, metadata: tuple[dict[str, Any], dict[str, Any]], point: SplitPoint, index: int
+) -> Iterator[None]:
     """Install micro-batch ``index``'s attention metadata (and slot mapping) in the forward context."""
     saved_metadata, saved_slots = ctx.attn_metadata, ctx.slot_mapping
-    ctx.attn_metadata = plan.metadata[index]
+    ctx.attn_metadata = metadata[index]
     if isinstance(saved_slots, dict) and saved_slots:
-        ctx.slot_mapping = {name: split_tokens(t, plan.point)[index] for name, t in saved_slots.items()}
+        ctx.slot_mapping = {name: split_tokens(t, point)[index] for name, t in saved_slots.items()}
     try:
         yield
     finally:
@@ -106,20 +110,19 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self.dual_stream_backend: StreamBackend | None = None
         self.dual_stream_batches = 0  # forwards that took the dual-stream path
         self.dual_stream_last_reason = ""
-        self.dual_stream_strict = False  # tests: re-raise instead of falling back
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
     def _supports_dual_stream(self) -> bool:
         if get_pp_group().world_size > 1 or self.vllm_config.lora_config is not None:
-            logger.warning("%s: pipeline parallelism or LoRA is on; dual stream stays off.", CONFIG_KEY)
+            logger.warning("[DualStream] pipeline parallelism or LoRA is on; %s stays off.", CONFIG_KEY)
             return False
         for module in _row_parallel_layers(self._local_layers()):
             if getattr(module, "custom_op", None) is not None or not hasattr(module, "reduce_results"):
                 logger.warning(
-                    "%s: %s replaces the row-parallel all-reduce (%s); dual stream stays off.",
-                    CONFIG_KEY,
+                    "[DualStream] %s replaces the row-parallel all-reduce (%s); %s stays off.",
                     type(module).__name__,
                     type(getattr(module, "custom_op", None)).__name__,
+                    CONFIG_KEY,
                 )
                 return False
         return True
@@ -134,18 +137,19 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
+        point = None
         if self._dual_stream_on and intermediate_tensors is None and not self.model.aux_hidden_state_layers:
             try:
-                plan = self._plan(positions)
-                if plan is not None:
-                    return self._forward_dual_stream(plan, input_ids, positions, inputs_embeds)
+                point = self._split_point(positions)
             except Exception:
-                if self.dual_stream_strict:
-                    raise
                 self._fall_back()
-        return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        if point is None:
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        # From here on a fault propagates (module docstring): collectives are about to be issued.
+        return self._forward_dual_stream(point, input_ids, positions, inputs_embeds)
 
-    def _plan(self, positions: torch.Tensor) -> DualStreamPlan | None:
+    def _split_point(self, positions: torch.Tensor) -> SplitPoint | None:
+        """The gate's decision for this batch; issues no collective and no device work."""
         try:
             ctx = get_forward_context()
         except AssertionError:
@@ -162,7 +166,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             eager,
         )
         self.dual_stream_last_reason = decision.reason
-        return decision.plan
+        return decision.point
 
     def _backend(self) -> StreamBackend:
         if self.dual_stream_backend is None:
@@ -171,23 +175,20 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def _fall_back(self) -> None:
         logger.warning(
-            "%s: the dual-stream forward failed; this batch and all later ones run single-stream.",
-            CONFIG_KEY,
+            "[DualStream] deciding the split failed; this batch and all later ones run single-stream.",
             exc_info=True,
         )
         self._dual_stream_on = False
-        if self.dual_stream_backend is not None:
-            self.dual_stream_backend.finish()
 
     def _forward_dual_stream(
         self,
-        plan: DualStreamPlan,
+        point: SplitPoint,
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         inputs_embeds: torch.Tensor | None,
     ) -> torch.Tensor:
         ctx = get_forward_context()
-        point: SplitPoint = plan.point
+        metadata = split_metadata_by_layer(ctx.attn_metadata, point)
         hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         position_halves = split_tokens(positions, point, dim=-1)
         hidden_halves = split_tokens(hidden_states, point)
@@ -199,7 +200,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 micro_batches,
                 Qwen3LayerOps,
                 self._backend(),
-                lambda i: micro_batch_context(ctx, plan, i),
+                lambda i: micro_batch_context(ctx, metadata, point, i),
             )
         hidden_states = torch.cat([mb.hidden_states for mb in micro_batches])
         residual = torch.cat([mb.residual for mb in micro_batches])

@@ -1,0 +1,200 @@
+"""Config sections: one source per key (the dataclass fields), alike checks, docs that match.
+
+Both ``profiling_chunk_config`` and ``dual_stream_config`` go through ``config_table``: the
+same value (128.0, True, "1", 1e12, ...) meets the same rule in both, every problem is
+reported at once, and each reads ``<section>.<key>=<value>: <fix>``. The docs' tables are
+rendered from the same metadata and must be what the docs show.
+"""
+
+from __future__ import annotations
+
+import re
+
+import conftest
+import pytest
+from vllm_ascend import config_table
+from vllm_ascend.core.cpp_config import CONFIG_KEY as CPP_KEY
+from vllm_ascend.core.cpp_config import CppConfig, CppConfigError, parse_cpp_config
+from vllm_ascend.dual_stream.config import CONFIG_KEY as DS_KEY
+from vllm_ascend.dual_stream.config import DualStreamConfig
+from vllm_ascend_patchset import config_docs
+
+SECTIONS = {
+    "cpp": (CppConfig, CPP_KEY, lambda raw: parse_cpp_config(raw), CppConfigError, "docs/cpp.md"),
+    "dual-stream": (DualStreamConfig, DS_KEY, DualStreamConfig.from_dict, ValueError, "docs/dual-stream.md"),
+}
+
+
+def test_every_documented_section_is_checked():
+    assert {doc for *_rest, doc in SECTIONS.values()} == set(config_docs.SECTIONS)
+    for _section, _key, _parse, _error, doc in SECTIONS.values():
+        assert config_docs.section_class(doc) is _section
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_the_docs_table_lists_the_keys_defaults_ranges_and_meanings_of_the_fields(name):
+    section, _key, _parse, _error, doc = SECTIONS[name]
+    expected = config_docs.render(section)
+    assert config_docs.documented(doc) == expected, f"run make config-docs; {doc}'s table must read:\n" + "\n".join(
+        expected
+    )
+    assert len(expected) == 2 + len(config_table.settings(section))
+
+
+def test_config_docs_rewrites_a_stale_table_and_keeps_the_rest(tmp_path):
+    doc = "docs/dual-stream.md"
+    (tmp_path / "docs").mkdir()
+    original = (conftest.ROOT / doc).read_text()
+    stale = original.replace("| `length_threshold` | `128` |", "| `length_threshold` | `64` |")
+    assert stale != original
+    (tmp_path / doc).write_text(stale)
+    assert config_docs.write(doc, DualStreamConfig, root=tmp_path)
+    assert (tmp_path / doc).read_text() == original
+    assert not config_docs.write(doc, DualStreamConfig, root=tmp_path)
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_every_field_is_a_documented_setting(name):
+    section = SECTIONS[name][0]
+    fields = [f.name for f in section.__dataclass_fields__.values()]
+    assert list(config_table.settings(section)) == fields
+    for key, (_default, spec) in config_table.settings(section).items():
+        assert spec.meaning and "|" not in spec.meaning, key
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_the_defaults_of_the_metadata_are_what_an_empty_section_gives(name):
+    section, _key, parse, _error, _doc = SECTIONS[name]
+    config = parse({})
+    for key, (default, spec) in config_table.settings(section).items():
+        expected = getattr(config, spec.default_from) if spec.default_from else default
+        assert getattr(config, key) == expected, key
+    assert parse(None) == config
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_every_unknown_key_is_reported_with_the_known_ones(name):
+    section, key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error) as info:
+        parse({"enabled": False, "enabeld": True, "zz_extra": 1, "aa_extra": None})
+    message = str(info.value)
+    assert message.startswith(f"{key}: 3 problems:")
+    for unknown, value in (("enabeld", True), ("zz_extra", 1), ("aa_extra", None)):
+        assert f"{key}.{unknown}={value!r}: not a known key" in message
+    assert message.endswith(f"\nThe keys of {key} are {', '.join(config_table.settings(section))}.")
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_every_bad_value_is_reported_at_once(name):
+    section, key, parse, error, _doc = SECTIONS[name]
+    table = config_table.settings(section)
+    raw = {k: "not a value" for k in table if table[k][1].kind is not str}
+    with pytest.raises(error) as info:
+        parse(raw)
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{key}: {len(raw)} problems:"
+    assert [line.strip().split("=")[0] for line in lines[1:]] == [f"{key}.{k}" for k in raw]
+    for line in lines[1:]:
+        assert "='not a value': must be " in line and "(default " in line
+
+
+def _keys_of_kind(kind):
+    return [
+        (name, key)
+        for name, (section, *_rest) in SECTIONS.items()
+        for key, (_default, spec) in config_table.settings(section).items()
+        if spec.kind is kind and not spec.choices
+    ]
+
+
+def _parse(name, raw):
+    return SECTIONS[name][2](raw)
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int))
+def test_an_integral_float_is_an_integer_in_every_section(name, key):
+    spec = config_table.settings(SECTIONS[name][0])[key][1]
+    value = float(min(max(128, spec.low or 0), spec.high or 128))  # 128.0, or the nearest bound
+    parsed = getattr(_parse(name, {key: value}), key)
+    assert parsed == int(value) and type(parsed) is int
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int))
+@pytest.mark.parametrize("bad", [12.5, True, "128", float("nan"), float("inf"), [1]])
+def test_ints_refuse_alike(name, key, bad):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    spec = config_table.settings(section)[key][1]
+    with pytest.raises(error) as info:
+        parse({key: bad})
+    assert str(info.value).startswith(f"{section_key}.{key}={bad!r}: must be {spec.expects()} (default ")
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int) + _keys_of_kind(float))
+def test_a_huge_json_integer_is_checked_like_any_other(name, key):
+    """JSON integers have no size limit: an int key range-checks one as any other, a float key refuses
+    one past every float, and neither crashes."""
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    spec = config_table.settings(section)[key][1]
+    huge = 10**400
+    if spec.high is None and spec.kind is int:
+        assert getattr(parse({key: huge}), key) == huge
+    else:
+        with pytest.raises(error, match=re.escape(f"{section_key}.{key}={huge!r}: must be {spec.expects()}")):
+            parse({key: huge})
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(float))
+@pytest.mark.parametrize("bad", [True, "0.5", float("nan"), float("inf"), None])
+def test_floats_refuse_alike(name, key, bad):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    spec = config_table.settings(section)[key][1]
+    if bad is None and spec.nullable:
+        assert getattr(parse({key: None}), key) is None
+        return
+    with pytest.raises(error) as info:
+        parse({key: bad})
+    assert str(info.value).startswith(f"{section_key}.{key}={bad!r}: must be {spec.expects()} (default ")
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(bool))
+@pytest.mark.parametrize("bad", [1, 0, "true", None])
+def test_bools_refuse_alike(name, key, bad):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error, match=re.escape(f"{section_key}.{key}={bad!r}: must be true or false (default ")):
+        parse({key: bad})
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int) + _keys_of_kind(float))
+def test_ranges_hold_at_their_bounds_and_refuse_past_them(name, key):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    spec = config_table.settings(section)[key][1]
+    kind = spec.kind
+    step = 1 if kind is int else 1e-9
+    if spec.low is not None:
+        inside = spec.low + step if spec.low_open else spec.low
+        assert getattr(parse({key: kind(inside)}), key) == kind(inside)
+        outside = spec.low if spec.low_open else spec.low - step
+        with pytest.raises(error, match=re.escape(f"{section_key}.{key}={kind(outside)!r}: must be ")):
+            parse({key: kind(outside)})
+    if spec.high is not None:
+        assert getattr(parse({key: kind(spec.high)}), key) == kind(spec.high)
+        with pytest.raises(error, match=re.escape(f"{section_key}.{key}={kind(spec.high + step)!r}: must be ")):
+            parse({key: kind(spec.high + step)})
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+@pytest.mark.parametrize("raw", [[True], "enabled", 1])
+def test_a_section_that_is_not_an_object(name, raw):
+    _section, key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error, match=re.escape(f"{key}={raw!r}: must be a JSON object such as")):
+        parse(raw)
+
+
+def test_the_expected_values_read_plainly():
+    spec = config_table.Setting
+    assert spec(int, "m", low=8, high=4096).expects() == "an integer in [8, 4096]"
+    assert spec(int, "m", low=1, nullable=True).expects() == "an integer >= 1, or null"
+    assert spec(float, "m", low=0, high=1, low_open=True).expects() == "a number in (0, 1]"
+    assert spec(float, "m", low=0, low_open=True).expects() == "a number > 0"
+    assert spec(str, "m", choices=("a", "b")).expects() == "one of 'a', 'b'"
+    assert spec(bool, "m").expects() == "true or false"

@@ -15,7 +15,8 @@ name; it imports only math, numpy and ``vllm.logger``.
    extrapolates), reported as max/min and coefficient of variation.
 3. With ``--measure-prompt N``: the same chunkings of an N-token prompt run on the CPU
    model of scripts/measure_cpu_surface.py, every chunk timed (the real spread).
-4. Cost of one ``next_chunk`` (ours) or ``predict`` (upstream) call in microseconds.
+4. Cost of one ``wanted_chunk`` (ours, per step) or ``predict`` (upstream) call, and of one
+   ``plan_target`` (ours, once per change of the held prefills), in microseconds.
 
     .venv/bin/python scripts/bench/predictor.py [--csv tests/data/cpu_surface.csv]
 """
@@ -140,6 +141,7 @@ def main(argv=None) -> int:
     parser.add_argument("--page-size", type=int, default=128)
     parser.add_argument("--prompt-tokens", type=int, nargs="+", default=[32_768, 131_072])
     parser.add_argument("--smooth-factor", type=float, default=1.0)
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages ours plans its target for")
     parser.add_argument("--min-chunk", type=int, default=256, help="floor for ours and upstream's predictors")
     parser.add_argument(
         "--measure-prompt",
@@ -194,15 +196,17 @@ def main(argv=None) -> int:
 
     page = args.page_size
     longest_prompt = max(args.prompt_tokens)
-    our_predictor = ours.ChunkSizePredictor(
-        our_model,
-        base_chunk_size=args.base_chunk,
-        page_size=page,
+    limits = ours.ChunkLimits(
+        max_chunk_tokens=args.base_chunk,
         max_model_len=longest_prompt + args.base_chunk,
-        max_num_scheduled_tokens=args.base_chunk,
+        min_chunk_tokens=args.min_chunk,
         smooth_factor=args.smooth_factor,
-        min_chunk=args.min_chunk,
     )
+    our_rule = ours.ChunkRule(our_model, limits, args.stages)
+
+    def our_chunking(prompt_tokens):
+        target_ms = our_rule.plan_target([(0, prompt_tokens)])
+        return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
 
     def upstream_next(predictor, with_history):
         predict = predictor.predict_with_history if with_history else predictor.predict
@@ -213,13 +217,16 @@ def main(argv=None) -> int:
 
         return next_chunk
 
-    chunkings = [
-        ("fixed base chunk", lambda h, r: min(args.base_chunk, r)),
-        ("ours", our_predictor.next_chunk),
-        ("upstream start-up predict", upstream_next(up_startup, False)),
-    ]
-    if up_online.with_history_ready:
-        chunkings.append(("upstream online predict_with_history", upstream_next(up_online, True)))
+    def chunkings(prompt_tokens):
+        listed = [
+            ("fixed base chunk", lambda h, r: min(args.base_chunk, r)),
+            (f"ours (P={args.stages})", our_chunking(prompt_tokens)),
+            ("upstream start-up predict", upstream_next(up_startup, False)),
+        ]
+        if up_online.with_history_ready:
+            listed.append(("upstream online predict_with_history", upstream_next(up_online, True)))
+        return listed
+
     measured_history = max(h for _, h, _ in samples)
     for prompt_tokens in args.prompt_tokens:
         where = "within" if prompt_tokens <= measured_history else "beyond"
@@ -232,11 +239,11 @@ def main(argv=None) -> int:
             f"{'chunking':<38} {'chunks':>6} {'min ms':>9} {'max ms':>9} {'max/min':>8} {'CV':>8} "
             f"{'last ms':>9} {'total s':>9}"
         )
-        for name, next_chunk in chunkings:
+        for name, next_chunk in chunkings(prompt_tokens):
             print(spread_row(name, chunk_prompt(next_chunk, prompt_tokens), reference))
 
     if args.measure_prompt:
-        measure_chunkings(chunkings, args.measure_prompt)
+        measure_chunkings(chunkings(args.measure_prompt), args.measure_prompt)
 
     histories = list(range(0, longest_prompt, 997))
     calls = len(histories)
@@ -246,11 +253,11 @@ def main(argv=None) -> int:
         return best / (20 * calls) * 1e6
 
     print(f"\ncost of one call (best of 5 x 20 x {calls} calls)")
-    print(f"{'ours next_chunk':<48} {per_call_us(lambda h: our_predictor.next_chunk(h, 50_000)):>8.2f} us")
-    print(
-        f"{'ours max_chunk_within':<48} "
-        f"{per_call_us(lambda h: our_predictor.max_chunk_within(h, 100.0, 50_000)):>8.2f} us"
-    )
+    target_ms = our_rule.plan_target([(0, longest_prompt)])
+    print(f"{'ours wanted_chunk':<48} {per_call_us(lambda h: our_rule.wanted_chunk(h, 50_000, target_ms)):>8.2f} us")
+    print(f"{'ours chunk_within':<48} {per_call_us(lambda h: our_rule.chunk_within(h, 100.0, 50_000)):>8.2f} us")
+    plan_us = min(timeit.repeat(lambda: our_rule.plan_target([(0, longest_prompt)]), number=5, repeat=3)) / 5 * 1e6
+    print(f"{'ours plan_target (once per change of prefills)':<48} {plan_us:>8.1f} us")
     print(
         f"{'upstream predict':<48} " f"{per_call_us(lambda h: up_startup.predict(h, args.base_chunk, page)):>8.2f} us"
     )

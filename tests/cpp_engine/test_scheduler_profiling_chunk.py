@@ -14,7 +14,7 @@ from unittest import mock
 
 import helpers
 import pytest
-from vllm_ascend.core import cpp_profiling
+from vllm_ascend.core import cpp_profile_store, cpp_profiling
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
 AsyncProfilingChunkScheduler = sys.modules[ProfilingChunkScheduler.__module__].AsyncProfilingChunkScheduler
@@ -137,7 +137,6 @@ def batch_pairs(scheduler_output, history_of):
         pairs[req_id] = (scheduler_output.num_scheduled_tokens[req_id], computed)
     history_of.update({rid: h for rid, (_, h) in pairs.items()})
     return pairs
-
 
 
 @pytest.fixture(scope="module")
@@ -266,17 +265,15 @@ def test_prefix_cache_hit_is_charged_its_true_history(tmp_path, profiled):
 
 
 def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
-    """A waiting request the budget cannot take stops admission: a smaller one behind it waits too."""
-    scheduler = cached_scheduler(tmp_path, profiled)
+    """With little time left, the first waiting request takes what fits; a smaller one behind it waits."""
+    scheduler = cached_scheduler(tmp_path, profiled, tail_tolerance=0.0)
     rule = scheduler.cpp_rule
+    left_ms = rule.model.request_ms(40, 0)  # exactly what w2 would need
     original = ProfilingChunkScheduler.schedule_step_starts
-    state = {}
 
     def step_with_little_time_left(self, token_budget):
         token_budget = original(self, token_budget)
         budget = self._cpp_budget
-        left_ms = (rule.model.request_ms(40, 0) + rule.model.request_ms(30, 0)) / 2
-        state["left_ms"] = left_ms
         budget.used_ms = budget.target_ms - left_ms  # another prefill already took the rest
         budget.prefills.add("elsewhere")
         return token_budget
@@ -285,8 +282,7 @@ def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
     scheduler.add_request(request("w1", 300, 1, start=8000))
     scheduler.add_request(request("w2", 40, 1, start=9000))
     first = scheduler.schedule()
-    assert rule.chunk_within(0, state["left_ms"], 40) == 40  # w2 alone would fit what is left
-    assert first.num_scheduled_tokens == {}  # but w1 is first in line and does not fit
+    assert first.num_scheduled_tokens == {"w1": rule.chunk_within(0, left_ms, 300)}  # w2 does not jump the queue
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", original)
     assert list(scheduler.schedule().num_scheduled_tokens) == ["w1", "w2"]  # in arrival order
 
@@ -318,7 +314,10 @@ def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, pr
 
 def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
     cache_dir = tmp_path / "cache"
-    (cache_file,) = list((profiled[0] / "cache").glob("*.json"))
+    cache_file = cpp_profile_store.cache_file(
+        profiled[0] / "cache", cpp_profile_store.fingerprint_for(profiled[2].vllm_config)
+    )
+    assert cache_file.exists()
     cache_dir.mkdir()
     (cache_dir / cache_file.name).write_text('{"schema_version": 1, "coefficients": {"c0_ms": ')
     executor = FakeExecutor()
@@ -346,21 +345,31 @@ def test_worker_failure_leaves_fixed_chunks_and_every_request_finishes(tmp_path)
     assert not any(out.cpp_time_step for out in outputs)
 
 
-@pytest.mark.parametrize(
-    "surface",
-    [Surface(c0=5.0, c1=0.0, c2=0.0, c3=0.0, c4=0.0), Surface(c0=5.0, c1=0.05, c2=0.0, c3=-4e-5, c4=0.0)],
-    ids=["flat", "concave"],
-)
-def test_a_profile_without_growth_is_rejected_and_leaves_fixed_chunks(tmp_path, surface):
-    """No quadratic growth (flat, or upstream's negative curvature): refused, fixed chunks, nothing cached."""
+def test_a_flat_profile_is_rejected_and_leaves_fixed_chunks(tmp_path):
+    """No quadratic growth: refused with one warning, fixed chunks, nothing cached."""
+    flat = Surface(c0=5.0, c1=0.0, c2=0.0, c3=0.0, c4=0.0)
     with mock.patch.object(cpp_profiling, "logger") as log:
-        scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(surface,)))
+        scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(flat,)))
     assert scheduler.cpp_rule is None and scheduler.cpp_source is None
     ((message, *values),) = [call.args for call in log.warning.call_args_list]
     assert "no quadratic term" in message % tuple(values)
     assert not list((tmp_path / "cache").glob("*.json"))
     outputs = helpers.run_to_completion(scheduler, [(0, request("r", 1200, 1))])
     assert [out.num_scheduled_tokens["r"] for out in outputs[:3]] == [BASE_CHUNK, BASE_CHUNK, 1200 - 2 * BASE_CHUNK]
+
+
+def test_a_concave_profile_gives_a_non_negative_model_whose_chunks_never_grow(tmp_path):
+    """Upstream's unguarded fit took the negative curvature: chunks grew with history, times went negative."""
+    concave = Surface(c0=5.0, c1=0.05, c2=0.0, c3=-4e-5, c4=0.0)
+    scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(concave,)))
+    rule = scheduler.cpp_rule
+    assert all(c >= 0 for c in rule.model.coefficients)
+    for target_ms in (concave.ms(64, 0), concave.ms(BASE_CHUNK, 0)):
+        chunks = [rule.wanted_chunk(history, 10**6, target_ms) for history in range(0, 8000, 250)]
+        assert all(later <= earlier for earlier, later in zip(chunks, chunks[1:], strict=False))
+    assert all(rule.model.time_ms(c, h) > 0 for c in (1, 64, BASE_CHUNK) for h in (0, 4000))
+    outputs = helpers.run_to_completion(scheduler, [(0, request("r", 3000, 1))])
+    assert sum(prefill_chunks(outputs, "r")) == 3000
 
 
 def test_start_up_logs_the_model_and_its_source(tmp_path, profiled):

@@ -153,22 +153,16 @@ def test_long_prompt_is_one_request_at_time_zero():
 
 
 def test_a_profile_saved_by_our_engine_code_loads_as_its_model(tmp_path):
-    """Round trip through the real persistence code (core/profiling_chunk_predictor.py)."""
-    predictor = pytest.importorskip("vllm_ascend.core.profiling_chunk_predictor")
-    if not hasattr(predictor, "PROFILE_SCHEMA_VERSION"):
-        pytest.skip("the assembled tree does not carry our latency model yet")
-    manager = predictor.ProfilingChunkManager(
-        base_chunk_size=2048,
-        page_size=128,
-        max_model_len=65536,
-        max_num_scheduled_tokens=2048,
-        fingerprint={"pipeline_parallel_size": 2},
-        warmup_samples=0,
-    )
+    """Round trip through the real persistence code (core/cpp_profile_store.py)."""
+    store = pytest.importorskip("vllm_ascend.core.cpp_profile_store")
+    from vllm_ascend.core.cpp_latency_model import accept
+
     stage = QuadraticSurface(*(c / 2 for c in TRUE.coefficients))
-    samples = [(c, h, stage.request_ms(c, h)) for c in range(256, 2049, 128) for h in (0, 8192)]
-    assert manager.fit_profile(samples)
+    samples = [(c, h, stage.request_ms(c, h)) for c in range(256, 2049, 128) for h in (0, 8192, 16384)]
+    model = accept(samples, max_chunk_tokens=2048, max_history_tokens=16384)
     path = tmp_path / "profile.json"
-    manager.save(path)
+    store.save_profile(
+        path, fingerprint={"pipeline_parallel_size": 2}, base_chunk_tokens=2048, model=model, samples=samples
+    )
     surface = load_surface(str(path))
     assert surface.request_ms(1024, 4096) == pytest.approx(TRUE.request_ms(1024, 4096), rel=0.02)

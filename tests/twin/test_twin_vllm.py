@@ -10,9 +10,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from vllm_ascend_patchset.twin import policies as pol
+from vllm_ascend_patchset.twin.optimum import optimum
 from vllm_ascend_patchset.twin.pipeline import BatchRecord
 from vllm_ascend_patchset.twin.report import completeness_problems, figures_from_result
-from vllm_ascend_patchset.twin.surface import QuadraticSurface
+from vllm_ascend_patchset.twin.surface import QuadraticSurface, load_surface
 from vllm_ascend_patchset.twin.tune import grid, tune
 from vllm_ascend_patchset.twin.workloads import long_prompt, mixed
 
@@ -41,6 +42,20 @@ CASES = {
 }
 
 
+# The CPP gates: one prompt on the committed CPU surface and on the synthetic accelerator-like
+# one, at P = 2 and 4; ours must be within 3% of the least TTFT any chunking reaches, and never
+# slower than upstream's CPP.
+CPU_SURFACE = str(pol.ROOT / "tests" / "data" / "cpu_surface.csv")
+GATE_CHUNK = 8192
+GATE_PROMPT = long_prompt(24 * 1024)
+GATES = {
+    f"gate-{name}-p{stages}": pol.Setup(spec, stages, GATE_PROMPT)
+    for name, spec in (("cpu", CPU_SURFACE), ("synthetic", "synthetic"))
+    for stages in (2, 4)
+}
+# Uneven stages (the last one lighter): the profile and the timed steps measure the slowest stage.
+UNEVEN = pol.Setup(SURFACE, 2, long_prompt(24 * 1024), layers=(18, 14))
+
 TUNE_SETUP = pol.Setup(SURFACE, 2, long_prompt(16 * 1024))
 TUNE_GRID = {"kind": "upstream", "default_base": CHUNK, "base_chunks": (1024, 4096), "smooth_factors": (0.5, 1.0)}
 
@@ -57,11 +72,15 @@ def twin():
     tuning candidate measured again, so whatever the tuner recommends has a fresh measurement."""
     cases = [(setup, comparison()) for setup in CASES.values()]
     cases.append((TUNE_SETUP, [again(c) for c in grid(**TUNE_GRID)]))
+    gate_policies = [pol.upstream(GATE_CHUNK)] + ([pol.ours(GATE_CHUNK)] if pol.ours_available() else [])
+    cases += [(setup, gate_policies) for setup in GATES.values()]
+    uneven = [pol.ours(CHUNK, max_fit_chunk=8, calibration_window=8)] if pol.ours_available() else []
+    cases.append((UNEVEN, uneven))
     with ThreadPoolExecutor(max_workers=2) as pool:
         tuned = pool.submit(tune, [TUNE_SETUP], **TUNE_GRID)
         compared = pool.submit(pol.run_cases, cases)
         results = compared.result()
-        return tuned.result(), dict(zip([*CASES, "tune-again"], results, strict=True))
+        return tuned.result(), dict(zip([*CASES, "tune-again", *GATES, "uneven"], results, strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -156,3 +175,26 @@ def test_ours_gets_its_latency_model_from_start_up_profiling_when_assembled(runs
     assert "latency model from profiled" in result["start_up"]
     # Its profile covers fresh chunks and chunks that carry history.
     assert {h > 0 for _, h, _ in result["profile_calls"]} == {True, False}
+
+
+@pytest.mark.parametrize("case", list(GATES))
+def test_gate_ours_is_within_3_percent_of_the_optimum_and_never_slower_than_upstream(runs, case):
+    if not pol.ours_available():
+        pytest.skip("our ProfilingChunkScheduler is not in the assembled tree")
+    setup = GATES[case]
+    upstream, ours = (figures_from_result(r, setup.num_stages) for r in runs[case])
+    assert ours.problems == () and upstream.problems == ()
+    best = optimum(load_surface(setup.surface), GATE_PROMPT.requests[0].prompt_tokens, setup.num_stages)
+    assert best.certified
+    assert ours.ttft_mean_ms <= 1.03 * best.lower_ms
+    assert ours.ttft_mean_ms <= upstream.ttft_mean_ms
+
+
+def test_calibration_on_uneven_stages_keeps_the_target_of_the_profile(runs):
+    """The profile and the timed steps both measure the slowest stage, so refits agree with the profile."""
+    if not pol.ours_available():
+        pytest.skip("our ProfilingChunkScheduler is not in the assembled tree")
+    (result,) = runs["uneven"]
+    assert result["calibration"]["timed_steps"] >= 16  # at least two refits were tried
+    profiled, final = result["calibration"]["profiled_target_ms"], result["calibration"]["final_target_ms"]
+    assert final == pytest.approx(profiled, rel=0.05)

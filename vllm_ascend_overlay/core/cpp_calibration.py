@@ -56,6 +56,7 @@ class OnlineCalibration:
             CalibrationRow(batch_features([(int(c), int(h))]), float(ms), PROFILE) for c, h, ms in profile_samples
         ]
         self.window: deque[CalibrationRow] = deque(maxlen=max(MIN_FIT_POINTS, int(window_size)))
+        self.refits_adopted = 0
         self._since_refit = 0
 
     def rows(self) -> list[CalibrationRow]:
@@ -105,5 +106,6 @@ class OnlineCalibration:
         if best is current:
             return None
         self.model = best
+        self.refits_adopted += 1
         logger.debug("[CPP] online refit adopted: c=%s, window error %.1f%%", best.coefficients, 100 * best_error)
         return best

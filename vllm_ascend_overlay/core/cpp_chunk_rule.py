@@ -174,13 +174,19 @@ class ChunkRule:
         return low, max(low, high)
 
     def plan_target(
-        self, prefills: Sequence[tuple[int, int]], *, fixed_ms: float | None = None, inflight_ms: float = 0.0
+        self,
+        prefills: Sequence[tuple[int, int]],
+        *,
+        fixed_ms: float | None = None,
+        inflight_ms: float = 0.0,
+        decoding: int = 0,
     ) -> float:
         """The batch time that minimises the predicted mean TTFT of ``prefills`` (rule 2).
 
         ``prefills``: (history_tokens, remaining_tokens) in FCFS order; ``fixed_ms``: each
         batch's cost before any prefill (c0 plus the decodes it carries; default c0);
-        ``inflight_ms``: the largest predicted time of a batch still in flight.
+        ``inflight_ms``: the largest predicted time of a batch still in flight;
+        ``decoding``: how many requests are decoding (rule 4 applies when there are any).
         """
         model = self.model
         fixed_ms = model.c0_ms if fixed_ms is None else max(float(fixed_ms), model.c0_ms)
@@ -200,7 +206,7 @@ class ChunkRule:
         candidates = np.concatenate([candidates, fine])
         costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
         best = int(np.argmin(costs))
-        if fixed_ms <= model.c0_ms:
+        if not decoding:
             return float(candidates[best])
         # Decodes ride in these batches and wait for each one: take the shortest batch that
         # does the prefills' work within DECODE_WORK_SLACK of the best target's.
@@ -208,7 +214,11 @@ class ChunkRule:
         return float(np.min(candidates[shorter]))
 
     def _predicted_ttft_ms(
-        self, held: Sequence[tuple[int, int]], targets: np.ndarray, fixed_ms: float, inflight_ms: float
+        self,
+        held: Sequence[tuple[int, int]],
+        targets: np.ndarray,
+        fixed_ms: float,
+        inflight_ms: float,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
         model, limits = self.model, self.limits

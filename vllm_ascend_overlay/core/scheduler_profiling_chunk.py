@@ -71,7 +71,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self.cpp_calibration: OnlineCalibration | None = None
         self._cpp_budget: StepBudget | None = None
         self._cpp_profiled = False
-        self._cpp_timed_steps = 0
+        self.cpp_timed_steps = 0
         self._cpp_prefill_steps = 0
         self._cpp_plan_key: tuple | None = None
         self._cpp_batches: dict[int, CppBatch] = {}  # id(SchedulerOutput) -> its plan, until its output
@@ -149,20 +149,28 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget.start()
         prefills = []
+        decoding = []
         for request in self.running:
             history_tokens = request.num_computed_tokens
             if request.num_tokens - history_tokens > 1:
                 prefills.append(request)
                 continue
+            decoding.append(history_tokens)
             # A decode; none while its last token is in flight, unless asynchronous
             # scheduling already counts that token as a placeholder.
             new_tokens = request.num_tokens_with_spec + request.num_output_placeholders - history_tokens
             if new_tokens > 0:
                 budget.reserve(request.request_id, new_tokens, history_tokens)
-        self._plan_if_prefills_changed(prefills)
+        self._plan_if_prefills_changed(prefills, decoding)
         return token_budget
 
-    def _plan_if_prefills_changed(self, running_prefills: list) -> None:
+    def _plan_if_prefills_changed(self, running_prefills: list, decoding: list[int]) -> None:
+        """Plan the target again when the held prefills differ from the last plan's.
+
+        ``decoding``: the histories of every decoding request, in flight or not. Without
+        asynchronous scheduling a decode rides in one batch of every P (its next token needs
+        the last one back), so a batch carries 1/P of their cost.
+        """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting)]
         key = (tuple(r.request_id for r in running_prefills), tuple(r.request_id for r in waiting))
         if key == self._cpp_plan_key:
@@ -173,8 +181,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if not held:
             return
         budget = self._cpp_budget
+        rule = budget.rule
         inflight_ms = max((batch.predicted_ms for batch in self._cpp_batches.values()), default=0.0)
-        budget.target_ms = budget.rule.plan_target(held, fixed_ms=budget.used_ms, inflight_ms=inflight_ms)
+        share = 1.0 if isinstance(self, AsyncScheduler) else 1.0 / rule.num_stages
+        decode_ms = share * sum(rule.model.decode_ms(history) for history in decoding)
+        budget.target_ms = rule.plan_target(
+            held, fixed_ms=rule.model.c0_ms + decode_ms, inflight_ms=inflight_ms, decoding=len(decoding)
+        )
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), budget.target_ms)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
@@ -210,9 +223,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             config = self.cpp_config
             if budget.prefills and config.need_timing:
                 self._cpp_prefill_steps += 1
-                calibrating = self._cpp_timed_steps < config.max_fit_chunk
+                calibrating = self.cpp_timed_steps < config.max_fit_chunk
                 timed = calibrating or self._cpp_prefill_steps % config.timing_every == 0
-                self._cpp_timed_steps += timed
+                self.cpp_timed_steps += timed
             batches = self._cpp_batches
             batches[id(scheduler_output)] = CppBatch(budget.pairs(), budget.predicted_ms(), timed)
             if len(batches) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back

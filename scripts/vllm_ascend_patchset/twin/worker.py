@@ -74,9 +74,11 @@ class PolicyRunner:
         scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
         executor = SurfaceExecutor(vllm_config, self.timer)
         setup_s = self._start_up(kind, scheduler, executor)
+        profiled_rule = getattr(scheduler, "cpp_rule", None)
         driver = VllmDriver(scheduler, self.workload, TIMING_RULES.get(kind))
         batches = run_pipeline(driver, self.timer, self.num_stages, vllm_config.max_concurrent_batches)
         return {
+            "calibration": describe_calibration(scheduler, profiled_rule, self.workload),
             "policy": policy,
             "batches": [b.to_json() for b in batches],
             "requests": [log.to_json() for log in driver.logs.values()],
@@ -132,6 +134,21 @@ def describe_start_up(kind: str, scheduler: Any, executor: Any) -> str:
     source = getattr(scheduler, "cpp_source", None)
     outcome = f"latency model from {source}" if source else "NO latency model: fixed chunking"
     return f"{runs} profiling runs; {outcome}"
+
+
+def describe_calibration(scheduler: Any, profiled_rule: Any, workload: Any) -> dict[str, Any] | None:
+    """Ours: timed steps, adopted refits, and the target planned for the first prompt before and after."""
+    calibration = getattr(scheduler, "cpp_calibration", None)
+    final_rule = getattr(scheduler, "cpp_rule", None)
+    if calibration is None or profiled_rule is None or final_rule is None:
+        return None
+    first = [(0, workload.requests[0].prompt_tokens)]
+    return {
+        "timed_steps": scheduler.cpp_timed_steps,
+        "refits_adopted": calibration.refits_adopted,
+        "profiled_target_ms": profiled_rule.plan_target(first),
+        "final_target_ms": final_rule.plan_target(first),
+    }
 
 
 def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:

@@ -42,9 +42,13 @@ port:             ## merge the series into a vllm-ascend git checkout and report
 	@test -n "$(UPSTREAM_SRC)" || { echo "usage: make port UPSTREAM_SRC=<vllm-ascend git checkout> [DRY_RUN=1]" >&2; exit 2; }
 	$(TOOL) port "$(UPSTREAM_SRC)" $(TARGET_ARGS) $(if $(TARGET),--target $(TARGET)) $(if $(DRY_RUN),--dry-run)
 
-bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP and ours on the committed CPU surface
-	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface tests/data/cpu_surface.csv \
-	  --workload long:32k,long:64k,long:128k,long:256k,mixed --stages 4
+bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP, ours and the optimum on both surfaces
+	for surface in tests/data/cpu_surface.csv synthetic; do \
+	  PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface $$surface \
+	    --workload long:32k,long:128k,long:256k --stages 2,4,8 || exit 1; \
+	  PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface $$surface \
+	    --workload mixed --stages 4 || exit 1; \
+	done
 	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/predictor.py
 
 lint: venv        ## ruff check + format check through the pre-commit local hooks

@@ -60,7 +60,7 @@ DEFAULT_FLOOR_TOKENS = 64  # the step's first prefill advances by at least this 
 PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
 _PLAN_PANELS = 16  # Simpson panels per prefill
 _PLAN_GRID = 32  # candidate targets per search round (two rounds)
-DECODE_WORK_SLACK = float(__import__("os").environ.get("CPP_SLACK", "0.02"))  # with decodes in the batches: the shortest batch within 2% of the best work
+DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
 
 
 def whole_tokens(tokens: float) -> int:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from vllm_ascend_patchset import wheel as wheel_mod
 from vllm_ascend_patchset.assemble import assemble
 from vllm_ascend_patchset.diffs import write_diffs
 from vllm_ascend_patchset.pin import Pin, Target
-from vllm_ascend_patchset.wheel import build_wheel
+from vllm_ascend_patchset.wheel import WheelError, build_wheel
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +39,48 @@ def test_wheel_is_verified_installable_and_reproducible(assembly, tmp_path):
             assert z.read(rel) == path.read_bytes(), rel
         ep = z.read(f"vllm_ascend-{pin.version}+{pin.local_version}.dist-info/entry_points.txt").decode()
         assert "vllm_ascend:register" in ep
+
+
+@pytest.fixture
+def tiny_assembly(tmp_path, tiny_wheel, private_cache):
+    """The tiny wheel assembled with an empty series: enough for build_wheel's own steps."""
+    patches, overlay = tmp_path / "patches", tmp_path / "overlay"
+    patches.mkdir()
+    overlay.mkdir()
+    (patches / "series").write_text("")
+    return assemble(wheel=tiny_wheel, out_dir=tmp_path / "t", patch_dir=patches, overlay_dir=overlay)
+
+
+def test_a_wheel_that_fails_verification_never_reaches_dist(tiny_assembly, tmp_path, monkeypatch, dead_pid):
+    dist = tmp_path / "dist"
+    good = build_wheel(Target.host(), out_dir=dist, assembly=tiny_assembly, verify_install=False)
+    before = good.path.read_bytes()
+    (dist / f".wheel-{dead_pid}-abcd1234").mkdir()  # left by a killed build
+    (tiny_assembly.package / "platform.py").write_text("broken = True\n")
+
+    def refuse(path, target, install):
+        raise WheelError(f"{path.name}: refused")
+
+    monkeypatch.setattr(wheel_mod, "verify_wheel", refuse)
+    with pytest.raises(WheelError, match="refused"):
+        build_wheel(Target.host(), out_dir=dist, assembly=tiny_assembly)
+    assert good.path.read_bytes() == before, "the last verified wheel stays"
+    assert os.listdir(dist) == [good.path.name], "no unverified wheel, no scratch left over"
+
+
+def test_an_interrupted_wheel_write_leaves_nothing(tiny_assembly, tmp_path, monkeypatch):
+    real_entry, written = wheel_mod._entry, []
+
+    def entry(name, mode):
+        written.append(name)
+        if len(written) == 3:
+            raise KeyboardInterrupt  # SIGINT while the zip is written
+        return real_entry(name, mode)
+
+    monkeypatch.setattr(wheel_mod, "_entry", entry)
+    with pytest.raises(KeyboardInterrupt):
+        build_wheel(Target.host(), out_dir=tmp_path / "dist", assembly=tiny_assembly)
+    assert os.listdir(tmp_path / "dist") == []
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""A tiny stand-in for the pinned upstream wheel (the tests of the build's failure paths run in milliseconds)."""
+"""A tiny stand-in for the pinned upstream wheel (the ``tiny_wheel`` fixture in tests/conftest.py)."""
 
 from __future__ import annotations
 

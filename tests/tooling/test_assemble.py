@@ -3,17 +3,21 @@ builds from a pristine tree that differs from the pinned wheel."""
 
 from __future__ import annotations
 
+import ast
+import collections
 import os
+import re
 import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
-from tiny_wheel import TINY_PACKAGE
+from tooling.tiny_wheel import TINY_PACKAGE, write_wheel
 from vllm_ascend_patchset import assemble as assemble_mod
 from vllm_ascend_patchset import atomic
 from vllm_ascend_patchset.assemble import PRISTINE_MARKER, PatchError, assemble, pristine_tree
-from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError
+from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_patches
+from vllm_ascend_patchset.twin.policies import assembled_root, pristine_root
 
 HEADER = "Description: test patch\nFeature: build\nForwarded: no\n\n"
 
@@ -70,12 +74,17 @@ BROKEN = """--- a/vllm_ascend/__init__.py
 """
 
 
-def test_broken_patch_names_patch_file_and_hunk_and_leaves_nothing(tmp_path):
+def test_broken_patch_names_patch_file_and_hunk_and_leaves_nothing(tmp_path, private_cache):
+    upstream_init = (pristine_root() / "vllm_ascend" / "__init__.py").read_bytes()  # the hunks' target
+    wheel = write_wheel(
+        tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl",
+        {"vllm_ascend/__init__.py": upstream_init},
+    )
     out = tmp_path / "out" / "cp311-x86_64"
     empty_overlay = tmp_path / "overlay"
     empty_overlay.mkdir()
     with pytest.raises(PatchError) as err:
-        assemble(patch_dir=_patch_dir(tmp_path, BROKEN), overlay_dir=empty_overlay, out_dir=out)
+        assemble(wheel=wheel, patch_dir=_patch_dir(tmp_path, BROKEN), overlay_dir=empty_overlay, out_dir=out)
     msg = str(err.value)
     assert "0001-test.patch" in msg and "vllm_ascend/__init__.py" in msg and "hunk #2" in msg
     assert not out.exists()
@@ -117,18 +126,6 @@ def test_missing_header_field_names_the_patch(tmp_path):
     (d / "0001-test.patch").write_text("Description: x\n\n" + BROKEN)
     with pytest.raises(SeriesError, match=r"0001-test.patch: header lacks Feature, Forwarded"):
         assemble(patch_dir=d, out_dir=tmp_path / "out")
-
-
-def test_assembled_tree_is_pristine_plus_series_plus_overlay(tmp_path):
-    a = assemble(out_dir=tmp_path / "t")
-    for entry in a.overlay:
-        assert (a.package / entry.relpath).read_bytes() == entry.source.read_bytes()
-    touched = {f for p in a.patches for f in p.files} | {e.repo_path for e in a.overlay}
-    # everything the series does not touch is byte-identical to upstream
-    for path in (a.pristine / "vllm_ascend").rglob("*.py"):
-        rel = path.relative_to(a.pristine).as_posix()
-        if rel not in touched:
-            assert (a.root / rel).read_bytes() == path.read_bytes(), rel
 
 
 def _interrupt_half_way_through_rmtree(monkeypatch):
@@ -286,3 +283,29 @@ def test_an_unchanged_pristine_tree_is_reused_and_a_rewritten_file_hashed_once(t
     assert pristine_tree(tiny_wheel) == tree
     assert len(hashed) == 1, "once it matched, the marker is renewed and it is not read again"
     assert (tree / "vllm_ascend/platform.py").stat().st_ino == inode, "not unpacked again"
+
+
+def _uses(tree: Path) -> collections.Counter:
+    """How often each identifier occurs in the tree's Python files."""
+    counts: collections.Counter = collections.Counter()
+    for path in (tree / "vllm_ascend").rglob("*.py"):
+        counts.update(re.findall(r"\b[A-Za-z_]\w*\b", path.read_text(errors="replace")))
+    return counts
+
+
+def test_no_patch_leaves_upstream_code_it_made_unused():
+    """A top-level class or function of a patched file that upstream used somewhere must not be left
+    behind unused (only its definition mentions it) in the shipped tree: remove it in the patch."""
+    root, pristine = assembled_root(), pristine_root()  # the tree the tests import, and upstream's
+    before, after = _uses(pristine), _uses(root)
+    patched: dict[str, list[str]] = {}
+    for patch in load_patches():
+        for rel in patch.files:
+            patched.setdefault(rel, []).append(patch.name)
+    orphans = [
+        f"{rel}: {node.name} (left unused by {', '.join(names)})"
+        for rel, names in sorted(patched.items())
+        for node in ast.parse((root / rel).read_text()).body
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and before[node.name] > 1 and after[node.name] <= 1
+    ]
+    assert orphans == []

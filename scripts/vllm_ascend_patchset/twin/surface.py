@@ -7,7 +7,8 @@ fixed per-step cost once plus each request's own variable cost,
     batch_ms = fixed_ms + sum_i (request_ms(C_i, H_i) - fixed_ms)
 
 so attention never crosses requests, and a batch of one request costs exactly its
-``request_ms``. The model form (ATOM's, with the seed's attention term):
+``request_ms``. The model form: a per-step cost, a cost per token and per history token,
+and attention over the chunk's own tokens and its history:
 
     request_ms(C, H) = fixed_ms + token_ms * C + history_token_ms * H + attention_pair_ms * C * (C + H)
 
@@ -88,7 +89,9 @@ class QuadraticSurface:
         h = np.array([p[1] for p in points], dtype=np.float64)
         ms = np.array([p[2] for p in points], dtype=np.float64)
         design = np.column_stack([np.ones_like(c), c, h, c * c, c * h])
-        if not np.any(h > 0):  # only fresh chunks measured: the seed's f(l) form, C*H costs twice C^2
+        if not np.any(h > 0):
+            # Only fresh chunks measured (H = 0): C*H cannot be fitted. A token attends to all H
+            # earlier tokens but, causally, to half its chunk on average, so C*H costs twice C^2.
             design[:, 3] = c * c
             design[:, 4] = 0.0
         weights = 1.0 / np.maximum(ms, 1e-9)
@@ -107,10 +110,10 @@ class QuadraticSurface:
         )
 
 
-# A synthetic long-context surface (not a measurement), whole model, the seed's a*C*(C+H)
-# attention: a per-step cost of 60 ms (launches, PP hand-offs) makes small chunks
-# inefficient as on an accelerator (1k-token chunks reach ~60% of 8k chunks' token rate);
-# an 8k chunk takes ~0.58 s without history and ~1.0 s at 120k.
+# A synthetic long-context surface (not a measurement), whole model, attention a*C*(C+H):
+# a per-step cost of 60 ms (launches, PP hand-offs) makes small chunks inefficient as on an
+# accelerator (1k-token chunks reach ~60% of 8k chunks' token rate); an 8k chunk takes
+# ~0.58 s without history and ~1.0 s at 120k.
 SYNTHETIC = QuadraticSurface(
     fixed_ms=60.0,
     token_ms=0.06,

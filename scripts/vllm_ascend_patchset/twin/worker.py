@@ -143,7 +143,7 @@ def describe_start_up(kind: str, scheduler: Any, executor: Any) -> str:
 
 
 def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:
-    """Our engine start-up (issue 4's ProfilingChunkScheduler); adapted to its interface."""
+    """Our ProfilingChunkScheduler's engine start-up (its start-up profiling), as the engine would call it."""
     run = getattr(scheduler, "run_profiling_chunk_init", None)
     if run is None:
         raise RuntimeError("our ProfilingChunkScheduler has no start-up profiling entry the twin knows")

@@ -188,9 +188,8 @@ def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]
             old_imports = import_statements(old, path) if old is not None else set()
             for target, names in import_statements(new, path):
                 for j, module_path in owners_of(target, names):
-                    carried = (target, names) in old_imports
-                    if j == i or not (changes[j].overlay or not carried):
-                        continue
+                    if j == i or ((target, names) in old_imports and not changes[j].overlay):
+                        continue  # an import this file already had, of a module a patch changes: same API
                     if rank[changes[j].feature] > rank[change.feature]:  # a later feature's change to the module:
                         before = changes[j].before[module_path]  # needed only for what it adds
                         package_dir = assembly.root / module_path.removesuffix("__init__.py")
@@ -263,8 +262,9 @@ def commit_groups(needs: dict[int, set[int]]) -> list[list[int]]:
     return ordered
 
 
-def _merge(mails: Sequence[Mail], changes: Sequence[Change]) -> Mail:
+def _merge(changes: Sequence[Change]) -> Mail:
     """One commit of changes that need each other."""
+    mails = [c.mail for c in changes]
     if len(mails) == 1:
         return mails[0]
     modules: dict[str, list[str]] = {"replace": [], "add": []}
@@ -274,7 +274,7 @@ def _merge(mails: Sequence[Mail], changes: Sequence[Change]) -> Mail:
             verb = "replace" if change.before[path] is not None else "add"
             modules[verb].append(path.rsplit("/", 1)[-1].removesuffix(".py"))
     parts = [f"{verb} {_and(names)}" for verb, names in modules.items() if names]
-    parts += [m.subject[:1].lower() + m.subject[1:] for m, c in zip(mails, changes, strict=True) if not c.overlay]
+    parts += [c.mail.subject[:1].lower() + c.mail.subject[1:] for c in changes if not c.overlay]
     subject = "; ".join(parts)
     subject = subject[:1].upper() + subject[1:]
     intro = (
@@ -300,8 +300,7 @@ def series_by_feature(assembly: Assembly) -> dict[str, list[Mail]]:
     for feature in FEATURES:
         members = [i for i, c in enumerate(changes) if c.feature == feature]
         local = {i: needs[i] for i in members}
-        groups = commit_groups(local)
-        mails = [_merge([changes[i].mail for i in group], [changes[i] for i in group]) for group in groups]
+        mails = [_merge([changes[i] for i in group]) for group in commit_groups(local)]
         if mails:
             out[feature] = mails
     return out

@@ -22,6 +22,7 @@ problems of that final full check.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -32,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from vllm_ascend_patchset import imports
 from vllm_ascend_patchset.imports import PACKAGE, import_statements, module_of
 
 
@@ -39,13 +41,34 @@ def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout
 
 
+Statements = dict[str, set[tuple[str, tuple[str, ...]]]]  # module -> its imports (``import_statements``)
+
+
+def tree_statements(tree: Path) -> Statements:
+    """The imports of every module of an upstream tree, cached next to it: the tree never changes, and
+    parsing its few hundred files is most of a replay's work. The cache is keyed by the parser's source."""
+    version = hashlib.sha256(Path(imports.__file__).read_bytes()).hexdigest()[:12]
+    cache = tree.with_name(f"{tree.name}.imports-{version}.json")
+    if cache.is_file():
+        data = json.loads(cache.read_text())
+        return {m: {(t, tuple(names)) for t, names in entries} for m, entries in data.items()}
+    out = {}
+    for path in (tree / PACKAGE).rglob("*.py"):
+        rel = path.relative_to(tree).as_posix()
+        out[module_of(rel)] = import_statements(path.read_text(errors="replace"), rel)
+    for old in tree.parent.glob(f"{tree.name}.imports-*.json"):
+        old.unlink(missing_ok=True)
+    part = cache.with_name(f"{cache.name}.{os.getpid()}")
+    part.write_text(json.dumps({m: sorted(entries) for m, entries in out.items()}))
+    os.replace(part, cache)
+    return out
+
+
 class Checker:
-    def __init__(self, repo: Path, series_modules: set[str]) -> None:
+    def __init__(self, repo: Path, series_modules: set[str], statements: Statements) -> None:
         self.repo = repo
         self.series_modules = series_modules
-        self.statements: dict[str, set[tuple[str, tuple[str, ...]]]] = {}  # module -> its imports
-        for path in (repo / PACKAGE).rglob("*.py"):
-            self.parse(path.relative_to(repo).as_posix())
+        self.statements = {m: set(entries) for m, entries in statements.items()}
         self.touched: set[str] = set()
 
     def parse(self, repo_path: str) -> None:
@@ -136,8 +159,11 @@ class _Tolerant(importlib.abc.Loader):
             pass
 
 
-def replay(repo: Path, result: Path, series: list[Path]) -> None:
-    """Replay and write RESULT.json; meant for a process of its own (it changes sys.path and sys.modules)."""
+def replay(repo: Path, result: Path, series: list[Path], upstream: Path | None = None) -> None:
+    """Replay and write RESULT.json; meant for a process of its own (it changes sys.path and sys.modules).
+
+    ``upstream``: the tree REPO's first commit holds (for its cached imports); default REPO itself.
+    """
     os.environ["VLLM_PLUGINS"] = ""
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     sys.dont_write_bytecode = True  # git am may rewrite a file within the same second: no stale .pyc
@@ -157,7 +183,7 @@ def replay(repo: Path, result: Path, series: list[Path]) -> None:
         for line in p.read_text().splitlines()
         if line.startswith("+++ b/")
     ]
-    checker = Checker(repo, {m for m in map(module_of, files) if m})
+    checker = Checker(repo, {m for m in map(module_of, files) if m}, tree_statements(upstream or repo))
     sys.meta_path.insert(0, TolerantPackages(checker.touched))
     commits = []
     for patch in patches:

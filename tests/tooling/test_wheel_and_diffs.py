@@ -160,7 +160,7 @@ def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembl
     folders = [tmp_path / "upstream" / feature for feature in order]
     for key, value in GIT_IDENTITY.items():
         monkeypatch.setenv(key, value)
-    child = multiprocessing.get_context("fork").Process(target=replay, args=(repo, result, folders))
+    child = multiprocessing.get_context("fork").Process(target=replay, args=(repo, result, folders, assembly.pristine))
     child.start()
     child.join(REPLAY_TIMEOUT_S)
     if child.is_alive():

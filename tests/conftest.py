@@ -7,8 +7,11 @@ that tree (the one the wheel packs), never an installed upstream vllm_ascend.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -32,3 +35,30 @@ npu_stubs.install()
 # Property tests explore the same examples on every run, so CI cannot flake on a new one.
 settings.register_profile("patchset", derandomize=True)
 settings.load_profile("patchset")
+
+
+# Fixtures of the tooling tests (tests/tooling).
+
+
+@pytest.fixture
+def tiny_wheel(tmp_path: Path) -> Path:
+    """A few-file stand-in for the pinned upstream wheel: the build's failure paths test in milliseconds."""
+    from tooling.tiny_wheel import TINY_PACKAGE, write_wheel
+
+    return write_wheel(tmp_path / "wheels" / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl", TINY_PACKAGE)
+
+
+@pytest.fixture
+def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private, empty PATCHSET_CACHE with downloads allowed."""
+    monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("PATCHSET_OFFLINE", raising=False)
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def dead_pid() -> int:
+    """The pid of a process that has exited (what a killed build leaves in its scratch names)."""
+    child = subprocess.Popen([sys.executable, "-c", ""])
+    child.wait()
+    return child.pid

@@ -4,10 +4,10 @@
 For an Ascend host with the patched wheel installed. For each variant (dual stream off,
 then on) it starts ``vllm serve MODEL --tensor-parallel-size 2`` with the variant's
 ``--additional-config``, waits for ``/health``, drives it with ``vllm bench serve`` at
-the seed's setting (random prompts of 2600 input tokens, 400 requests, all sent at once),
-stops the server, and finally prints mean, median and P99 TTFT and TPOT of both runs and
-the change in percent, as the seed's table does (its figures: mean TTFT -6.30 %, median
--6.71 %, P99 -6.90 %).
+a fixed reference setting (random prompts of 2600 input tokens, 400 requests, all sent at
+once), stops the server, and finally prints mean, median and P99 TTFT and TPOT of both runs
+and the change in percent (the reference figures for that setting: mean TTFT -6.30 %,
+median -6.71 %, P99 -6.90 %).
 
     python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B
     python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B --dry-run   # commands only
@@ -137,7 +137,7 @@ def change_percent(single: float, dual: float) -> float:
 
 
 def comparison_table(single: dict, dual: dict) -> str:
-    """The seed's table: each metric for both runs and the change in percent."""
+    """Each metric for both runs and the change in percent."""
     rows = [f"{'metric':<18}{'single stream':>15}{'dual stream':>15}{'change':>10}"]
     for label, key in METRICS:
         a, b = float(single[key]), float(dual[key])

@@ -1,24 +1,36 @@
 """Write ``git am``-able mail series for upstream, one folder per feature.
 
 Each feature's series holds its overlay files (new files as new-file diffs, replaced
-files as modifications of upstream's) followed by its patches in series order. The
-series of the features are meant to be applied in the order of ``FEATURES`` (build,
-hooks, cpp, dual-stream); ``dist/upstream/ORDER`` says so for the reader.
+files as modifications of upstream's) and its patches. The series of the features are
+applied in the order of ``FEATURES`` (build, hooks, cpp, dual-stream);
+``dist/upstream/ORDER`` says so for the reader.
+
+Every commit must work, so a bisection never lands on a broken tree. The commits are
+ordered, and where needed merged, by the imports between the changes (``commit_groups``):
+a change comes no earlier than the changes it imports, and a replaced module comes no
+earlier than the change to any upstream file of the series that imports it (upstream's
+code would meet the replacement's new API; within one feature: another feature's change to
+that file is not what adapts it). Changes that need each other form one commit. A change
+that needs a change of a feature applied later is an error.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import heapq
 import shutil
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from pathlib import Path
 
-from .assemble import Assembly
+from .assemble import Assembly, apply_patch
+from .imports import defined_names, import_statements, module_of
 from .pin import ROOT
-from .series import FEATURES, OverlayFile, Patch
+from .series import FEATURES, OverlayFile, Patch, SeriesError
 
 UPSTREAM_DIR = ROOT / "dist" / "upstream"
 DEFAULT_AUTHOR = "vllm-ascend patch set <patchset@localhost>"
@@ -102,12 +114,193 @@ def _render(mail: Mail, n: int, total: int) -> str:
     )
 
 
+@dataclass(frozen=True)
+class Change:
+    """One overlay file or one patch: a candidate commit, with its files' text before and after it."""
+
+    name: str  # overlay path or patch file name, for messages
+    feature: str
+    overlay: bool  # an overlay file: the module is new or rewritten as a whole
+    before: dict[str, str | None]  # repo path -> text before the change (None: a new file)
+    after: dict[str, str]
+    mail: Mail
+
+
+def _changes(assembly: Assembly, date: str) -> list[Change]:
+    """The overlay files, then the patches in series order, each patch seeing the files as the patches
+    before it left them."""
+    out = [
+        Change(
+            e.relpath,
+            e.feature,
+            True,
+            {e.repo_path: _read(assembly.pristine / e.repo_path) if e.replaces else None},
+            {e.repo_path: e.source.read_text()},
+            overlay_mail(e, assembly, date),
+        )
+        for e in assembly.overlay
+    ]
+    current: dict[str, str | None] = {}
+    for patch in assembly.patches:
+        before = {f: current[f] if f in current else _read(assembly.pristine / f) for f in patch.files}
+        with tempfile.TemporaryDirectory(prefix="diffs-") as tmp:
+            for path, text in before.items():
+                if text is not None:
+                    (Path(tmp) / path).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(tmp) / path).write_text(text)
+            apply_patch(patch, Path(tmp))
+            after = {f: (Path(tmp) / f).read_text() for f in patch.files}
+        current.update(after)
+        out.append(Change(patch.name, patch.feature, False, before, after, patch_mail(patch)))
+    return out
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text() if path.is_file() else None
+
+
+def _missing_names(text: str, package_dir: Path, names: tuple[str, ...]) -> list[str]:
+    """The names ``from M import ...`` would not find in M's ``text``: neither defined nor a submodule
+    (``package_dir``: M's folder, if M is a package)."""
+    defined = defined_names(text)
+    return [
+        n
+        for n in names
+        if n not in defined and not (package_dir / f"{n}.py").is_file() and not (package_dir / n).is_dir()
+    ]
+
+
+def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]:
+    """Change index -> indices of the changes it must not precede (the rules in the module doc)."""
+    owners: dict[str, list[tuple[int, str]]] = {}
+    for i, change in enumerate(changes):
+        for path in change.after:
+            owners.setdefault(module_of(path) or path, []).append((i, path))
+    rank = {feature: n for n, feature in enumerate(FEATURES)}
+    needs: dict[int, set[int]] = {i: set() for i in range(len(changes))}
+
+    def owners_of(target: str, names: tuple[str, ...]) -> list[tuple[int, str]]:
+        return [owner for t in (target, *(f"{target}.{n}" for n in names)) for owner in owners.get(t, ())]
+
+    for i, change in enumerate(changes):
+        for path, new in change.after.items():
+            old = change.before[path]
+            old_imports = import_statements(old, path) if old is not None else set()
+            for target, names in import_statements(new, path):
+                for j, module_path in owners_of(target, names):
+                    if j == i or ((target, names) in old_imports and not changes[j].overlay):
+                        continue  # an import this file already had, of a module a patch changes: same API
+                    if rank[changes[j].feature] > rank[change.feature]:  # a later feature's change to the module:
+                        before = changes[j].before[module_path]  # needed only for what it adds
+                        package_dir = assembly.root / module_path.removesuffix("__init__.py")
+                        if before is not None and not _missing_names(before, package_dir, names):
+                            continue
+                    needs[i].add(j)  # this change uses what change j adds
+            upstream = _read(assembly.pristine / path)
+            for target, names in old_imports & (import_statements(upstream, path) if upstream else set()):
+                for j, module_path in owners_of(target, names):
+                    package_dir = assembly.root / module_path.removesuffix("__init__.py")
+                    removed = _missing_names(changes[j].after[module_path], package_dir, names)
+                    if j != i and changes[j].feature == change.feature and (changes[j].overlay or removed):
+                        needs[j].add(i)  # change j would break this file's upstream code: not before it
+    for i, wanted in needs.items():
+        for j in sorted(wanted):
+            if rank[changes[j].feature] > rank[changes[i].feature]:
+                raise SeriesError(
+                    f"{changes[i].name} ({changes[i].feature}) needs {changes[j].name} ({changes[j].feature}), whose "
+                    f"series is applied later (order: {', '.join(FEATURES)}); move one of them to the other feature"
+                )
+    return {i: {j for j in wanted if changes[j].feature == changes[i].feature} for i, wanted in needs.items()}
+
+
+def commit_groups(needs: dict[int, set[int]]) -> list[list[int]]:
+    """Changes grouped into commits: the strongly connected parts of ``needs`` (changes that need
+    each other land together), in an order that puts every change after what it needs, and
+    otherwise keeps the given order."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    groups: list[list[int]] = []
+
+    def visit(v: int) -> None:  # Tarjan; a feature has a handful of changes, recursion is fine
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(needs[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            groups.append(sorted(group))
+
+    for v in sorted(needs):
+        if v not in index:
+            visit(v)
+    group_of = {v: g for g, members in enumerate(groups) for v in members}
+    waits = {g: {group_of[w] for v in members for w in needs[v]} - {g} for g, members in enumerate(groups)}
+    ready = [(members[0], g) for g, members in enumerate(groups) if not waits[g]]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, g = heapq.heappop(ready)
+        ordered.append(groups[g])
+        for h, wanted in waits.items():
+            if g in wanted:
+                wanted.discard(g)
+                if not wanted:
+                    heapq.heappush(ready, (groups[h][0], h))
+    return ordered
+
+
+def _merge(changes: Sequence[Change]) -> Mail:
+    """One commit of changes that need each other."""
+    mails = [c.mail for c in changes]
+    if len(mails) == 1:
+        return mails[0]
+    modules: dict[str, list[str]] = {"replace": [], "add": []}
+    for change in changes:
+        if change.overlay:
+            path = next(iter(change.after))
+            verb = "replace" if change.before[path] is not None else "add"
+            modules[verb].append(path.rsplit("/", 1)[-1].removesuffix(".py"))
+    parts = [f"{verb} {_and(names)}" for verb, names in modules.items() if names]
+    parts += [c.mail.subject[:1].lower() + c.mail.subject[1:] for c in changes if not c.overlay]
+    subject = "; ".join(parts)
+    subject = subject[:1].upper() + subject[1:]
+    intro = (
+        "These changes need each other (one imports what another adds, or a replaced module would break the"
+        " upstream code that another one changes), so they land in one commit and every commit works."
+    )
+    body = "\n\n".join([intro] + [f"{m.subject}." + (f" {m.body}" if m.body else "") for m in mails])
+    first = mails[0]
+    diff = "".join(m.diff for m in mails)
+    slug = f"{first.slug}-and-{len(mails) - 1}-more"
+    return Mail(first.feature, subject, body, first.author, max(m.date for m in mails), diff, slug)
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 def series_by_feature(assembly: Assembly) -> dict[str, list[Mail]]:
     last_update = max((p.header.get("Last-Update", "") for p in assembly.patches), default="") or "2026-01-01"
+    changes = _changes(assembly, last_update)
+    needs = _needs(changes, assembly)
     out: dict[str, list[Mail]] = {}
     for feature in FEATURES:
-        mails = [overlay_mail(e, assembly, last_update) for e in assembly.overlay if e.feature == feature]
-        mails += [patch_mail(p) for p in assembly.patches if p.feature == feature]
+        members = [i for i, c in enumerate(changes) if c.feature == feature]
+        local = {i: needs[i] for i in members}
+        mails = [_merge([changes[i] for i in group]) for group in commit_groups(local)]
         if mails:
             out[feature] = mails
     return out

@@ -11,14 +11,18 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import remove_stale, scratch_dir
+
 ROOT = Path(__file__).resolve().parents[2]
 PIN_FILE = ROOT / "pin.json"
+DOWNLOAD_SCRATCH = ".download-"
 
 
 class PinError(RuntimeError):
@@ -114,56 +118,95 @@ def index_url() -> str:
     return url.rstrip("/")
 
 
+def offline() -> bool:
+    """``PATCHSET_OFFLINE=1``: use only the cache, never the network."""
+    return os.environ.get("PATCHSET_OFFLINE") == "1"
+
+
 def _index_links(project: str) -> dict[str, tuple[str, str | None]]:
     """File name -> (url, sha256 the index states) from the PEP 691 JSON simple API."""
     url = f"{index_url()}/{project}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        data = json.load(resp)
-    return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            data = json.load(resp)
+        return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+    except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:  # URLError is an OSError
+        raise PinError(
+            f"cannot read the package index {url} ({exc}); check the network or PIP_INDEX_URL, "
+            f"or work from the cache {cache_dir() / 'downloads'} with PATCHSET_OFFLINE=1"
+        ) from exc
 
 
 def _download(url: str, dest: Path) -> None:
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    with urllib.request.urlopen(url, timeout=300) as resp, open(tmp, "wb") as out:
+    with urllib.request.urlopen(url, timeout=300) as resp, open(dest, "wb") as out:
         while block := resp.read(1 << 20):
             out.write(block)
-    tmp.replace(dest)
 
 
-def fetch(filename: str, sha256: str | None, project: str, *, offline: bool = False) -> Path:
+def fetch(filename: str, sha256: str | None, project: str) -> Path:
     """Return the cached, verified file; download it (again, once) when needed.
 
     ``sha256=None`` trusts the index's own hash (used only by the re-pin check, for a
-    release that is not pinned yet).
+    release that is not pinned yet). A download lands in the cache only once it verifies,
+    so a bad download or a wrong hash in ``pin.json`` never removes a good cached file.
     """
     dest_dir = cache_dir() / "downloads"
-    dest_dir.mkdir(parents=True, exist_ok=True)
     dest = dest_dir / filename
-    if dest.exists() and (sha256 is None or sha256_of(dest) == sha256):
+    cached = sha256_of(dest) if dest.is_file() else None
+    if cached is not None and (sha256 is None or cached == sha256):
         return dest
-    if offline or os.environ.get("PATCHSET_OFFLINE") == "1":
+    if cached is not None:
+        why = f"{dest} has sha256 {cached}, but pin.json pins {sha256}"
+        if offline():
+            raise PinError(
+                f"{why}, and downloads are off (PATCHSET_OFFLINE=1); replace the file with the pinned one, "
+                "or correct pin.json if the pin is wrong"
+            )
+        print(f"warning: {why}; downloading it again", file=sys.stderr)
+    elif offline():
         raise PinError(
-            f"{filename} is not in the cache {dest_dir} and downloads are off; "
+            f"{filename} is not in the cache {dest_dir} and downloads are off (PATCHSET_OFFLINE=1); "
             f"copy the file there (sha256 {sha256}) or allow network access"
         )
+    remove_stale(dest_dir, DOWNLOAD_SCRATCH)
+    scratch = scratch_dir(dest_dir, DOWNLOAD_SCRATCH)
     try:
-        links = _index_links(project)
-        if filename not in links:
-            raise PinError(f"{filename}: the package index {index_url()} does not list this file")
-        url, index_hash = links[filename]
-        _download(url, dest)
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        raise PinError(
-            f"cannot download {filename} from {index_url()} ({exc}); with no network, put the file "
-            f"(sha256 {sha256}) into {dest_dir}"
-        ) from exc
-    expected = sha256 or index_hash
-    actual = sha256_of(dest)
-    if expected and actual != expected:
-        dest.unlink()
-        raise PinError(f"{filename}: sha256 mismatch: expected {expected}, got {actual}")
+        part = scratch / filename
+        try:
+            links = _index_links(project)
+            if filename not in links:
+                raise PinError(f"{filename}: the package index {index_url()} does not list this file")
+            url, index_hash = links[filename]
+            _download(url, part)
+        except (PinError, OSError, TimeoutError) as exc:
+            raise PinError(
+                f"cannot download {filename} from {index_url()} ({exc}); with no network, put the file "
+                f"(sha256 {sha256}) into {dest_dir}"
+            ) from exc
+        actual = sha256_of(part)
+        expected = sha256 or index_hash
+        if expected and actual != expected:
+            raise PinError(_mismatch(filename, sha256, index_hash, actual, cached))
+        os.replace(part, dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return dest
+
+
+def _mismatch(filename: str, pinned: str | None, index_hash: str | None, actual: str, cached: str | None) -> str:
+    """Why a download does not verify, and which side is likely wrong."""
+    kept = "the cached copy was left as it was" if cached else "nothing was written to the cache"
+    witnesses = [w for w, h in (("the index states it", index_hash), ("the cached copy has it", cached)) if h == actual]
+    if pinned and witnesses:
+        return (
+            f"{filename}: sha256 mismatch: pin.json pins {pinned}, the download has {actual} and "
+            f"{' and '.join(witnesses)}; pin.json's entry is probably wrong: check it against the index ({kept})"
+        )
+    return (
+        f"{filename}: sha256 mismatch: expected {pinned or index_hash}, got {actual}; the download is corrupt "
+        f"or not the expected file ({kept})"
+    )
 
 
 def fetch_wheel(pin: Pin, target: Target) -> Path:

@@ -65,10 +65,11 @@ class OverlayFile:
     relpath: str  # relative to vllm_ascend/
     feature: str
     replaces: bool
+    overlay_dir: Path = OVERLAY_DIR
 
     @property
     def source(self) -> Path:
-        return OVERLAY_DIR / self.relpath
+        return self.overlay_dir / self.relpath
 
     @property
     def repo_path(self) -> str:
@@ -141,7 +142,7 @@ def load_overlay(patch_dir: Path = PATCH_DIR, overlay_dir: Path = OVERLAY_DIR) -
                     f"{manifest}:{n}: expected '<path under vllm_ascend/> <{'|'.join(FEATURES)}> <new|replaces>', "
                     f"got '{raw}'"
                 )
-            entries[parts[0]] = OverlayFile(parts[0], parts[1], parts[2] == "replaces")
+            entries[parts[0]] = OverlayFile(parts[0], parts[1], parts[2] == "replaces", overlay_dir)
     present = (
         sorted(
             p.relative_to(overlay_dir).as_posix()

@@ -8,11 +8,11 @@ inputs are byte-identical. The result is verified before it is reported.
 
 from __future__ import annotations
 
-import base64
 import csv
-import hashlib
 import io
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,12 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .assemble import Assembly, assemble
+from .atomic import remove_stale, scratch_dir
 from .pin import ROOT, Pin, Target, sha256_of
+from .record import matches, read_record, record_hash
 from .series import PACKAGE
 
 DIST_DIR = ROOT / "dist"
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 FILE_MODE = 0o100644
+SCRATCH_PREFIX = ".wheel-"
 
 
 class WheelError(RuntimeError):
@@ -39,11 +42,6 @@ class BuiltWheel:
     sha256: str
     size: int
     files: int
-
-
-def _record_hash(data: bytes) -> str:
-    digest = hashlib.sha256(data).digest()
-    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
 def _entry(name: str, mode: int) -> zipfile.ZipInfo:
@@ -99,45 +97,48 @@ def build_wheel(
         files[name] = (path.read_bytes(), modes.get(name, FILE_MODE))
 
     record_name = f"{new_info}/RECORD"
-    rows = [(name, _record_hash(data), str(len(data))) for name, (data, _) in sorted(files.items())]
+    rows = [(name, record_hash(data), str(len(data))) for name, (data, _) in sorted(files.items())]
     rows.append((record_name, "", ""))
     buf = io.StringIO()
     csv.writer(buf, lineterminator="\n").writerows(rows)
     files[record_name] = (buf.getvalue().encode(), FILE_MODE)
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # Written and verified in a scratch folder, then renamed into place: dist/ never holds an
+    # unverified or partial wheel, and the previous wheel stays until the new one is proven.
     dest = out_dir / wheel_filename(pin, target)
-    tmp = dest.with_suffix(".whl.part")
-    # dist-info last, RECORD at the very end, as the wheel spec recommends
-    order = sorted(files, key=lambda n: (n.startswith(new_info + "/"), n == record_name, n))
-    with zipfile.ZipFile(tmp, "w") as z:
-        for name in order:
-            data, mode = files[name]
-            z.writestr(_entry(name, mode), data, compresslevel=6)
-    tmp.replace(dest)
-    verify_wheel(dest, target, install=verify_install)
+    remove_stale(out_dir, SCRATCH_PREFIX)
+    scratch = scratch_dir(out_dir, SCRATCH_PREFIX)
+    try:
+        tmp = scratch / dest.name
+        # dist-info last, RECORD at the very end, as the wheel spec recommends
+        order = sorted(files, key=lambda n: (n.startswith(new_info + "/"), n == record_name, n))
+        with zipfile.ZipFile(tmp, "w") as z:
+            for name in order:
+                data, mode = files[name]
+                z.writestr(_entry(name, mode), data, compresslevel=6)
+        verify_wheel(tmp, target, install=verify_install)
+        os.replace(tmp, dest)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return BuiltWheel(dest, sha256_of(dest), dest.stat().st_size, len(files))
 
 
 def verify_wheel(path: Path, target: Target, *, install: bool = True) -> None:
     """Every RECORD hash and size matches; pip installs it into a throw-away target."""
     with zipfile.ZipFile(path) as z:
+        try:
+            record, rows = read_record(z)
+        except ValueError as exc:
+            raise WheelError(str(exc)) from None
         names = set(z.namelist())
-        record = next((n for n in names if n.endswith(".dist-info/RECORD")), None)
-        if record is None:
-            raise WheelError(f"{path.name}: no RECORD")
-        listed = set()
-        for row in csv.reader(io.StringIO(z.read(record).decode())):
-            name, digest, size = row
-            listed.add(name)
+        for name, (digest, size) in rows.items():
             if name == record:
                 continue
             if name not in names:
                 raise WheelError(f"{path.name}: RECORD lists {name}, which is not in the wheel")
-            data = z.read(name)
-            if digest != _record_hash(data) or int(size) != len(data):
+            if not matches(z.read(name), digest, size):
                 raise WheelError(f"{path.name}: RECORD hash or size of {name} does not match its content")
-        unlisted = names - listed
+        unlisted = names - set(rows)
         if unlisted:
             raise WheelError(f"{path.name}: not in RECORD: {', '.join(sorted(unlisted)[:5])}")
     if not install:

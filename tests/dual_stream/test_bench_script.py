@@ -96,7 +96,7 @@ def test_dry_run_prints_four_commands_and_runs_nothing(bench, capsys, monkeypatc
 
 
 def test_the_table_shows_the_change_in_percent(bench):
-    # the seed's TTFT figures (ms): single 4318.88 / 3844.99 / 8084.73, dual 4046.86 / 3587.15 / 7526.99
+    # the reference TTFT figures (ms): single 4318.88 / 3844.99 / 8084.73, dual 4046.86 / 3587.15 / 7526.99
     single = dict(mean_ttft_ms=4318.88, median_ttft_ms=3844.99, p99_ttft_ms=8084.73, mean_tpot_ms=50.0,
                   median_tpot_ms=48.0, p99_tpot_ms=80.0)  # fmt: skip
     dual = dict(mean_ttft_ms=4046.86, median_ttft_ms=3587.15, p99_ttft_ms=7526.99, mean_tpot_ms=51.0,

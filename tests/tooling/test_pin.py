@@ -1,11 +1,17 @@
-"""The pin refuses files whose sha256 differs, and says what to do without a network."""
+"""The pin refuses files whose sha256 differs without losing a good cached file, and says what
+to do without a network; check-pin works offline from the cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import os
+import urllib.error
 
 import pytest
+from vllm_ascend_patchset import check
 from vllm_ascend_patchset import pin as pinmod
+from vllm_ascend_patchset.cli import main
 from vllm_ascend_patchset.pin import Pin, PinError, Target
 
 GOOD = b"the real wheel bytes"
@@ -19,9 +25,10 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "downloads"
 
 
-def _serve(monkeypatch, payload: bytes) -> list[str]:
+def _serve(monkeypatch, payload: bytes, index_hash: str | None = None) -> list[str]:
     calls: list[str] = []
-    monkeypatch.setattr(pinmod, "_index_links", lambda project: {"x.whl": ("https://index.invalid/x.whl", None)})
+    links = {"x.whl": ("https://index.invalid/x.whl", index_hash)}
+    monkeypatch.setattr(pinmod, "_index_links", lambda project: links)
 
     def download(url, dest):
         calls.append(url)
@@ -41,12 +48,14 @@ def test_mismatch_names_file_expected_and_actual(cache, monkeypatch):
     assert not (cache / "x.whl").exists(), "a file that fails verification must not stay in the cache"
 
 
-def test_bad_cached_file_is_downloaded_again_once(cache, monkeypatch):
+def test_bad_cached_file_is_downloaded_again_once_saying_why(cache, monkeypatch, capsys):
     cache.mkdir(parents=True)
     (cache / "x.whl").write_bytes(b"corrupt cache")
     calls = _serve(monkeypatch, GOOD)
     assert pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend").read_bytes() == GOOD
     assert len(calls) == 1
+    bad_sha = hashlib.sha256(b"corrupt cache").hexdigest()
+    assert f"x.whl has sha256 {bad_sha}, but pin.json pins {GOOD_SHA}; downloading it again" in capsys.readouterr().err
     pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
     assert len(calls) == 1, "a verified cached file is not downloaded again"
 
@@ -55,6 +64,89 @@ def test_offline_without_cache_says_what_to_fetch(cache, monkeypatch):
     monkeypatch.setenv("PATCHSET_OFFLINE", "1")
     with pytest.raises(PinError, match=r"x\.whl is not in the cache .*sha256 " + GOOD_SHA):
         pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
+
+
+WRONG_SHA = "0" * 64
+
+
+@pytest.mark.parametrize("index_hash", [GOOD_SHA, None], ids=["index-states-hash", "index-states-none"])
+def test_a_wrong_pin_never_deletes_the_good_cached_file(cache, monkeypatch, index_hash):
+    cache.mkdir(parents=True)
+    (cache / "x.whl").write_bytes(GOOD)
+    _serve(monkeypatch, GOOD, index_hash)
+    with pytest.raises(PinError) as err:
+        pinmod.fetch("x.whl", WRONG_SHA, "vllm-ascend")
+    assert (cache / "x.whl").read_bytes() == GOOD
+    assert os.listdir(cache) == ["x.whl"], "no partial download left"
+    assert f"pin.json pins {WRONG_SHA}, the download has {GOOD_SHA} and " in str(err.value)
+    assert "pin.json's entry is probably wrong" in str(err.value)
+
+
+def test_a_corrupt_download_never_replaces_the_cached_file(cache, monkeypatch):
+    cache.mkdir(parents=True)
+    (cache / "x.whl").write_bytes(b"old copy")
+    _serve(monkeypatch, b"cut short", GOOD_SHA)
+    with pytest.raises(PinError) as err:
+        pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
+    assert (cache / "x.whl").read_bytes() == b"old copy"
+    assert os.listdir(cache) == ["x.whl"]
+    assert "corrupt or not the expected file (the cached copy was left as it was)" in str(err.value)
+
+
+def test_offline_a_corrupt_cached_file_is_named_as_such(cache, monkeypatch):
+    cache.mkdir(parents=True)
+    (cache / "x.whl").write_bytes(b"corrupt cache")
+    monkeypatch.setenv("PATCHSET_OFFLINE", "1")
+    bad_sha = hashlib.sha256(b"corrupt cache").hexdigest()
+    with pytest.raises(PinError) as err:
+        pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
+    msg = str(err.value)
+    assert f"has sha256 {bad_sha}, but pin.json pins {GOOD_SHA}, and downloads are off" in msg
+    assert "not in the cache" not in msg
+
+
+@pytest.fixture
+def unreachable_index(monkeypatch):
+    def urlopen(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+
+
+@pytest.mark.parametrize("offline", ["0", "1"])
+def test_check_pin_without_index_is_a_one_line_error(cache, monkeypatch, capsys, unreachable_index, offline):
+    monkeypatch.setenv("PATCHSET_OFFLINE", offline)
+    assert main(["check-pin", "9.9.9"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    if offline == "1":
+        assert "downloads are off (PATCHSET_OFFLINE=1)" in err
+    else:
+        assert "cannot read the package index" in err and "Name or service not known" in err
+
+
+def _host_wheel(version: str) -> str:
+    host = Target.host()
+    return f"vllm_ascend-{version}-{host.py}-{host.py}-manylinux_2_34_{host.arch}.whl"
+
+
+def test_check_pin_offline_uses_the_cache_for_the_pinned_and_other_releases(cache, monkeypatch, unreachable_index):
+    monkeypatch.setenv("PATCHSET_OFFLINE", "1")
+    pin = dataclasses.replace(Pin.load(), wheels={_host_wheel("0.23.0"): GOOD_SHA})
+    cache.mkdir(parents=True)
+    (cache / _host_wheel("0.23.0")).write_bytes(GOOD)
+    (cache / _host_wheel("0.24.0")).write_bytes(b"another release")
+    assert check.release_wheel(pin, "0.23.0", Target.host()) == cache / _host_wheel("0.23.0")
+    assert check.release_wheel(pin, "0.24.0", Target.host()) == cache / _host_wheel("0.24.0")
+    with pytest.raises(PinError, match=r"PATCHSET_OFFLINE=1\) and the cache .* holds no vllm-ascend 0.25.0 wheel"):
+        check.release_wheel(pin, "0.25.0", Target.host())
+
+
+def test_check_pin_lists_releases_in_version_order(monkeypatch):
+    names = [_host_wheel(v) for v in ("0.10.0", "0.9.1", "0.23.0", "0.9.2rc1", "0.9.2")]
+    monkeypatch.setattr(check, "_index_links", lambda project: dict.fromkeys(names, ("u", None)))
+    with pytest.raises(PinError, match=r"newest last: 0\.9\.1, 0\.9\.2rc1, 0\.9\.2, 0\.10\.0, 0\.23\.0$"):
+        check.find_release_wheel("vllm-ascend", "9.9.9", Target.host())
 
 
 def test_no_network_is_a_clear_error(cache, monkeypatch):

@@ -1,28 +1,154 @@
-"""cpp-twin's command line: clear errors, and how a comparison is summarised."""
+"""cpp-twin's command line: clear errors before any worker starts, a non-zero exit for any failed or
+invalid run, and how a comparison is summarised."""
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 from twin_scripted import ScriptedDriver, timer_from_table
+from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.command import main, parse_tokens, summarize_case
 from vllm_ascend_patchset.twin.pipeline import run_pipeline
 from vllm_ascend_patchset.twin.report import format_table
 
 
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Fails the test if a policy subprocess would start: bad input must be refused before."""
+
+    def run_cases(*args, **kwargs):
+        raise AssertionError("a worker was started")
+
+    monkeypatch.setattr(pol, "run_cases", run_cases)
+
+
+def _exit_code(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own refusal (exit 2)
+        return exc.code
+
+
+def _file(tmp_path: Path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+CSV_HEAD = "# measured\nchunk_tokens,history_tokens,latency_ms\n"
+GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 1024) for h in (0, 4096))
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--workload", "long:abc"], "token count 'abc'"),
+        (["--workload", "long:abc"], "--workload 'long:abc': token count 'abc'"),
+        (["--workload", "long:inf"], "--workload 'long:inf': token count 'inf'"),
+        (["--workload", "long:1.5"], "token count '1.5': give a whole number > 0"),
+        (["--workload", "long:-4k"], "token count '-4k'"),
+        (["--workload", "long:1e9"], "--workload long:1e9: a request of 1000000001 tokens"),
         (["--workload", "short:1k"], "use long:<tokens>"),
+        (["--workload", "mixed", "--prompt-range", "64k-4k"], "--prompt-range '64k-4k': LOW must not exceed HIGH"),
+        (["--workload", "mixed", "--output-range", "0-16"], "--output-range expects LOW-HIGH"),
+        (["--workload", "mixed", "--prompt-range", "1k-4000k"], "--prompt-range/--output-range: a request of"),
+        (["--stages", "abc"], "--stages 'abc': give whole numbers >= 1"),
+        (["--stages", "0"], "--stages '0': give whole numbers >= 1"),
         (["--stages", "4", "--layers", "8,8"], "one positive layer count per stage"),
-        (["--surface", "missing.csv"], "no such file"),
+        (["--stages", "2", "--layers", "8,x"], "--layers '8,x': give whole numbers >= 1"),
+        (["--chunk", "10"], "--chunk 10: a chunk budget must lie in [64, "),
+        (["--chunk", "abc"], "argument --chunk: token count 'abc'"),
+        (["--min-chunk", "-5"], "argument --min-chunk: token count '-5'"),
+        (["--sweep", "4096,10"], "--sweep 10: a chunk budget must lie in [64, "),
+        (["--sweep", "4096,x"], "--sweep item 'x'"),
+        (["--noise", "-0.1"], "--noise must be a finite number in [0, inf), got -0.1"),
+        (["--noise", "nan"], "--noise must be a finite number in [0, inf), got nan"),
+        (["--load", "inf"], "--load must be a finite number in (0, inf), got inf"),
+        (["--prefix-hit-share", "1.5"], "--prefix-hit-share must be a finite number in [0, 1]"),
+        (["--seed", "-1"], "--seed must be >= 0"),
+        (["--requests", "0"], "--requests must be >= 1"),
+        (["--policies", ""], "--policies '': give at least one of fixed,tuned,upstream,ours"),
+        (["--policies", " , "], "give at least one of fixed,tuned,upstream,ours"),
         (["--policies", "fixed,best"], "unknown ['best']"),
         (["--smooth-factor", "1.5", "--policies", "upstream"], "--smooth-factor must be in (0, 1]"),
+        (["--smooth-factor", "nan", "--policies", "upstream"], "--smooth-factor must be in (0, 1]"),
+        (["--tune", "--tune-base-chunks", "4096,32"], "--tune-base-chunks 32: a chunk budget must lie in"),
+        (["--tune", "--tune-smooth-factors", "0.5,0"], "--tune-smooth-factors '0.5,0': give numbers in (0, 1]"),
+        (["--surface", "missing.csv"], "no such file"),
+        (["--surface", "quadratic:0,0,1,0,0"], "a 1-token chunk takes 0.0 ms on it"),
+        (["--surface", "quadratic:nan,0,0,0,0"], "must be finite and >= 0"),
     ],
 )
-def test_bad_arguments_fail_with_the_flag_and_the_fix(argv, message, capsys):
-    assert main(["--surface", "synthetic", *argv] if "--surface" not in argv else argv) == 2
+def test_bad_arguments_fail_before_any_worker_naming_the_flag_and_the_fix(argv, message, capsys, no_workers):
+    assert _exit_code(["--surface", "synthetic", *argv] if "--surface" not in argv else argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (CSV_HEAD + GOOD_ROWS + "2048,0,abc\n", "bad.csv:9: latency_ms 'abc' must be a finite number"),
+        (CSV_HEAD + GOOD_ROWS + "2048,0,-3.5\n", "bad.csv:9: latency_ms '-3.5'"),
+        (CSV_HEAD + GOOD_ROWS + "2048,0,nan\n", "bad.csv:9: latency_ms 'nan'"),
+        (CSV_HEAD + GOOD_ROWS + "-2048,0,5\n", "bad.csv:9: chunk_tokens '-2048' must be a whole number > 0"),
+        (CSV_HEAD + GOOD_ROWS + "2048,-1,5\n", "bad.csv:9: history_tokens '-1' must be a whole number >= 0"),
+        (CSV_HEAD + GOOD_ROWS + "2048.5,0,5\n", "bad.csv:9: chunk_tokens '2048.5'"),
+        (CSV_HEAD + GOOD_ROWS + "2048,0\n", "bad.csv:9: 2 value(s), the header names 3"),
+        (CSV_HEAD + "".join(f"{c},0,0\n" for c in (256, 512, 1024, 2048, 4096)), "bad.csv:3: latency_ms '0'"),
+        (CSV_HEAD + "256,0,1\n", "fewer"),
+    ],
+)
+def test_a_bad_csv_surface_names_the_file_and_line(tmp_path, text, message, capsys, no_workers):
+    spec = _file(tmp_path, "bad.csv", text)
+    assert main(["--surface", spec]) == 2
+    err = capsys.readouterr().err
+    assert message in err or (message == "fewer" and "at least 5 measured points" in err and spec in err), err
+
+
+@pytest.mark.parametrize(
+    "samples, message",
+    [
+        ([[256, 0, 1.0]] * 4 + [[512, 0, -2.0]], "samples[4]: latency_ms -2.0"),
+        ([[256, 0, 1.0]] * 4 + [[512, "x", 2.0]], "samples[4]: history_tokens 'x'"),
+        ([[256, 0, 1.0]] * 4 + [[512, 0]], "samples[4] must be [chunk_tokens, history_tokens, latency_ms]"),
+    ],
+)
+def test_a_bad_profile_sample_is_named(tmp_path, samples, message, capsys, no_workers):
+    spec = _file(tmp_path, "profile.json", json.dumps({"samples": samples}))
+    assert main(["--surface", spec]) == 2
+    assert f"--surface {spec}: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option, folder", [("--json", False), ("--plot", True), ("--log-dir", True)])
+def test_an_unwritable_output_is_refused_before_the_run_and_nothing_is_left(
+    tmp_path, option, folder, capsys, no_workers
+):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    target = blocker / ("out" if folder else "out.json")
+    assert main(["--surface", "synthetic", option, str(target)]) == 2
+    assert f"{option} {target}: cannot write there" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_a_writable_json_path_is_not_left_behind_by_the_check(tmp_path, monkeypatch):
+    target = tmp_path / "new" / "figures.json"
+    monkeypatch.setattr(pol, "run_cases", lambda cases, log_dir: [[fake_result("fixed-8192", "fixed", 8192, 0.0)]])
+    argv = ["--surface", "synthetic", "--policies", "fixed", "--workload", "long:1k", "--stages", "2"]
+    target.parent.mkdir()
+    assert main([*argv, "--json", str(target)]) == 1  # zero stage times: invalid figures, exit 1
+    assert json.loads(target.read_text())[0]["workload"] == "long-1k"  # the figures are written all the same
+    target.unlink()
+
+    def worker_died(cases, log_dir):
+        raise pol.WorkerFailed("twin worker for pristine failed (exit 1)")
+
+    monkeypatch.setattr(pol, "run_cases", worker_died)
+    assert main([*argv, "--json", str(target)]) == 2
+    assert not target.exists(), "the writability check leaves no empty file behind"
 
 
 def test_token_counts_take_a_k_suffix():
@@ -71,3 +197,78 @@ def test_plot_writes_a_gantt_row_per_policy_and_the_chunk_chart(tmp_path):
 
     gantt = matplotlib.image.imread(paths[0])
     assert gantt.shape[0] > 200 and gantt.shape[1] > 600  # two policies x two stages, readable size
+
+
+def _fake_run(per_stage_ms_by_name: dict[str, float | None]):
+    """run_cases stand-in: each policy's scripted result (None: the policy failed in its worker)."""
+
+    def run_cases(cases, log_dir=None):
+        out = []
+        for _, policies in cases:
+            results = []
+            for p in policies:
+                ms = per_stage_ms_by_name[p.name]
+                if ms is None:
+                    results.append({"policy": p.to_json(), "error": "ValidationError: boom"})
+                else:
+                    results.append(fake_result(p.name, p.kind, p.max_num_batched_tokens, ms))
+            out.append(results)
+        return out
+
+    return run_cases
+
+
+ARGS = ["--surface", "synthetic", "--policies", "fixed,upstream", "--workload", "long:1k", "--stages", "2"]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the invalid figures
+@pytest.mark.parametrize(
+    "outcome, problem",
+    [
+        ({"fixed-8192": None, "upstream-cpp": None}, "fixed-8192: failed"),
+        ({"fixed-8192": 2.0, "upstream-cpp": None}, "upstream-cpp: failed"),
+        ({"fixed-8192": 2.0, "upstream-cpp": math.nan}, "upstream-cpp: prefill tok/s is nan"),
+        ({"fixed-8192": 0.0, "upstream-cpp": 2.0}, "fixed-8192: TTFT mean is 0.0"),
+        ({"fixed-8192": math.inf, "upstream-cpp": 2.0}, "fixed-8192: TTFT mean is inf"),
+    ],
+)
+def test_any_failed_policy_or_invalid_figure_exits_non_zero_and_says_which(monkeypatch, capsys, outcome, problem):
+    monkeypatch.setattr(pol, "run_cases", _fake_run(outcome))
+    assert main(ARGS) == 1
+    err = capsys.readouterr().err
+    assert "these figures are not to be trusted" in err and f"long-1k P=2: {problem}" in err
+
+
+def test_an_incomplete_run_exits_non_zero(monkeypatch, capsys):
+    def run_cases(cases, log_dir=None):
+        result = fake_result("fixed-8192", "fixed", 8192, 2.0)
+        result["requests"][0]["scheduled_tokens"] -= 1
+        return [[result]]
+
+    monkeypatch.setattr(pol, "run_cases", run_cases)
+    assert main([*ARGS[:3], "fixed", *ARGS[4:]]) == 1
+    assert "fixed-8192: incomplete: r: cached 0 + scheduled" in capsys.readouterr().err
+
+
+def test_a_sound_comparison_exits_zero(monkeypatch, capsys):
+    monkeypatch.setattr(pol, "run_cases", _fake_run({"fixed-8192": 2.0, "upstream-cpp": 1.5}))
+    assert main(ARGS) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_tune_exits_non_zero_when_a_setting_failed(monkeypatch, capsys):
+    def run_cases(cases, log_dir=None):
+        return [
+            [
+                {"policy": p.to_json(), "error": "boom"}
+                if "smooth0.5" in p.name
+                else fake_result(p.name, p.kind, p.max_num_batched_tokens, 2.0)
+                for p in policies
+            ]
+            for _, policies in cases
+        ]
+
+    monkeypatch.setattr(pol, "run_cases", run_cases)
+    argv = ["--surface", "synthetic", "--tune", "--policies", "upstream", "--workload", "long:1k", "--stages", "2"]
+    assert main([*argv, "--tune-base-chunks", "4096", "--tune-smooth-factors", "0.5,1"]) == 1
+    assert "1 setting(s) failed or ran incomplete: upstream-base4096-smooth0.5" in capsys.readouterr().err

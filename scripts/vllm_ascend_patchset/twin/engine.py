@@ -35,6 +35,8 @@ from .workloads import Workload, prompt_token_ids
 SAMPLED_TOKEN_ID = 7
 BLOCK_TOKENS = 128
 TINY_MODEL_MAX_POSITIONS = 1 << 21
+MAX_NUM_SEQS = 64  # vLLM requires max_num_batched_tokens >= max_num_seqs
+MODEL_LEN_SLACK_TOKENS = 256  # max_model_len = the longest request plus this
 EOS_TOKEN_ID = 0
 
 TINY_MODEL = {
@@ -89,7 +91,7 @@ def make_vllm_config(
     model_dir: Path | None = None,
     max_position_embeddings: int = TINY_MODEL_MAX_POSITIONS,
     eos_token_id: int = EOS_TOKEN_ID,
-    max_num_seqs: int = 64,
+    max_num_seqs: int = MAX_NUM_SEQS,
     block_size: int = BLOCK_TOKENS,
     enable_prefix_caching: bool = True,
     long_prefill_token_threshold: int = 0,

@@ -1,7 +1,7 @@
 """PNG pictures of twin runs (matplotlib, no display needed).
 
-- ``gantt-<case>.png``: the P stages over time for each policy (the seed's diagram, from
-  real runs); one bar per batch and stage, coloured by the prompt history the batch's
+- ``gantt-<case>.png``: the P stages over time for each policy (from real
+  runs); one bar per batch and stage, coloured by the prompt history the batch's
   prefill starts at, so growing attention cost is visible as colour; white is bubble.
 - ``chunks-<case>.png``: chunk size and per-stage batch time against history.
 """

@@ -7,7 +7,8 @@ fixed per-step cost once plus each request's own variable cost,
     batch_ms = fixed_ms + sum_i (request_ms(C_i, H_i) - fixed_ms)
 
 so attention never crosses requests, and a batch of one request costs exactly its
-``request_ms``. The model form (ATOM's, with the seed's attention term):
+``request_ms``. The model form: a per-step cost, a cost per token and per history token,
+and attention over the chunk's own tokens and its history:
 
     request_ms(C, H) = fixed_ms + token_ms * C + history_token_ms * H + attention_pair_ms * C * (C + H)
 
@@ -94,7 +95,9 @@ class QuadraticSurface:
         h = np.array([p[1] for p in points], dtype=np.float64)
         ms = np.array([p[2] for p in points], dtype=np.float64)
         design = np.column_stack([np.ones_like(c), c, h, c * c, c * h])
-        if not np.any(h > 0):  # only fresh chunks measured: the seed's f(l) form, C*H costs twice C^2
+        if not np.any(h > 0):
+            # Only fresh chunks measured (H = 0): C*H cannot be fitted. A token attends to all H
+            # earlier tokens but, causally, to half its chunk on average, so C*H costs twice C^2.
             design[:, 3] = c * c
             design[:, 4] = 0.0
         weights = 1.0 / np.maximum(ms, 1e-9)
@@ -113,10 +116,10 @@ class QuadraticSurface:
         )
 
 
-# A synthetic long-context surface (not a measurement), whole model, the seed's a*C*(C+H)
-# attention: a per-step cost of 60 ms (launches, PP hand-offs) makes small chunks
-# inefficient as on an accelerator (1k-token chunks reach ~60% of 8k chunks' token rate);
-# an 8k chunk takes ~0.58 s without history and ~1.0 s at 120k.
+# A synthetic long-context surface (not a measurement), whole model, attention a*C*(C+H):
+# a per-step cost of 60 ms (launches, PP hand-offs) makes small chunks inefficient as on an
+# accelerator (1k-token chunks reach ~60% of 8k chunks' token rate); an 8k chunk takes
+# ~0.58 s without history and ~1.0 s at 120k.
 SYNTHETIC = QuadraticSurface(
     fixed_ms=60.0,
     token_ms=0.06,
@@ -231,25 +234,60 @@ class GridSurface:
 CSV_COLUMNS = ("chunk_tokens", "history_tokens", "latency_ms")
 
 
+def _number(raw: Any) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def measured_point(chunk: Any, history: Any, latency: Any, where: str) -> tuple[int, int, float]:
+    """One measurement (chunk_tokens, history_tokens, latency_ms), checked; an error names ``where``."""
+    c, h, ms = _number(chunk), _number(history), _number(latency)
+    if c is None or not c.is_integer() or c <= 0:
+        raise ValueError(f"{where}: chunk_tokens {chunk!r} must be a whole number > 0")
+    if h is None or not h.is_integer() or h < 0:
+        raise ValueError(f"{where}: history_tokens {history!r} must be a whole number >= 0")
+    if ms is None or not math.isfinite(ms) or ms <= 0:
+        raise ValueError(f"{where}: latency_ms {latency!r} must be a finite number of milliseconds > 0")
+    return int(c), int(h), ms
+
+
 def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
-    """Rows of ``chunk_tokens,history_tokens,latency_ms`` (lines starting with # are comments)."""
+    """Rows of ``chunk_tokens,history_tokens,latency_ms`` (lines starting with # are comments).
+
+    Every value is checked (``measured_point``); an error names the file and line.
+    """
     with open(path, newline="") as handle:
-        reader = csv.DictReader(line for line in handle if not line.startswith("#"))
-        missing = [name for name in CSV_COLUMNS if name not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}")
-        points = [(int(row["chunk_tokens"]), int(row["history_tokens"]), float(row["latency_ms"])) for row in reader]
+        lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.startswith("#")]
+    header = [name.strip() for name in next(csv.reader([lines[0][1]]))] if lines else []
+    missing = [name for name in CSV_COLUMNS if name not in header]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}")
+    columns = [header.index(name) for name in CSV_COLUMNS]
+    points = []
+    for n, line in lines[1:]:
+        cells = next(csv.reader([line]))
+        if len(cells) != len(header):
+            raise ValueError(f"{path}:{n}: {len(cells)} value(s), the header names {len(header)}")
+        points.append(measured_point(*(cells[i].strip() for i in columns), where=f"{path}:{n}"))
     if not points:
         raise ValueError(f"{path}: no measured rows")
     return points
 
 
-def _points_from_profile(data: dict[str, Any]) -> list[tuple[int, int, float]]:
-    """The profile's measured samples, [chunk_tokens, history_tokens, latency_ms] each."""
+def _points_from_profile(data: dict[str, Any], where: str) -> list[tuple[int, int, float]]:
+    """The profile's measured samples, [chunk_tokens, history_tokens, latency_ms] each, checked."""
+    samples = data.get("samples") or []
+    if not isinstance(samples, list):
+        raise ValueError(f"{where}: 'samples' must be a list of [chunk_tokens, history_tokens, latency_ms]")
     points = []
-    for sample in data.get("samples") or []:
-        if isinstance(sample, list | tuple) and len(sample) == 3:
-            points.append((int(sample[0]), int(sample[1]), float(sample[2])))
+    for i, sample in enumerate(samples):
+        if not isinstance(sample, list | tuple) or len(sample) != 3:
+            raise ValueError(f"{where}: samples[{i}] must be [chunk_tokens, history_tokens, latency_ms]: {sample!r}")
+        points.append(measured_point(*sample, where=f"{where}: samples[{i}]"))
     return points
 
 
@@ -278,6 +316,14 @@ def load_surface(spec: str) -> Surface:
     (its accepted coefficients; its samples if it has no coefficients). A profile holds one
     pipeline stage's time (the slowest worker's), so it is scaled by the PP size in its
     fingerprint to the whole model's time, which the twin then splits over its P stages."""
+    surface = _read_surface(spec)
+    first_ms = surface.request_ms(1, 0)
+    if not (math.isfinite(first_ms) and first_ms > 0):
+        raise ValueError(f"--surface {spec}: a 1-token chunk takes {first_ms} ms on it; every batch must take time")
+    return surface
+
+
+def _read_surface(spec: str) -> Surface:
     if spec in ("", "synthetic"):
         return SYNTHETIC
     if spec.startswith("quadratic:"):
@@ -294,8 +340,16 @@ def load_surface(spec: str) -> Surface:
     path = Path(spec)
     if not path.is_file():
         raise ValueError(f"--surface {spec!r}: no such file (give a .csv, a profile .json, or 'synthetic')")
+    try:
+        return _surface_from_file(path, spec)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--surface {spec}: cannot read it ({exc})") from None
+
+
+def _surface_from_file(path: Path, spec: str) -> Surface:
+    """A measured CSV, or an engine profile JSON (its model, else its samples)."""
     if path.suffix == ".csv":
-        return GridSurface.from_points(load_csv_points(path), name=path.name)
+        return _from_points(load_csv_points(path), path.name, spec)
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
@@ -304,16 +358,26 @@ def load_surface(spec: str) -> Surface:
         raise ValueError(f"--surface {spec}: a profile is a JSON object")
     stages = _profile_stages(data)
     label = f"{path.name} (engine model x PP {stages})" if stages > 1 else f"{path.name} (engine model)"
-    model = _model_from_profile(data, label, float(stages))
+    try:
+        model = _model_from_profile(data, label, float(stages))
+    except ValueError as exc:
+        raise ValueError(f"--surface {spec}: {exc}") from None
     if model is not None:
         return model
-    points = [(c, h, ms * stages) for c, h, ms in _points_from_profile(data)]
+    points = [(c, h, ms * stages) for c, h, ms in _points_from_profile(data, f"--surface {spec}")]
     if len(points) >= 5:
-        return GridSurface.from_points(points, name=path.name)
+        return _from_points(points, path.name, spec)
     raise ValueError(
         f"--surface {spec}: the profile has neither coefficients c0_ms..c4_ms nor 5 measured samples;"
         " save it with a fitted model or pass a CSV"
     )
+
+
+def _from_points(points: Sequence[tuple[int, int, float]], name: str, spec: str) -> Surface:
+    try:
+        return GridSurface.from_points(points, name=name)
+    except ValueError as exc:
+        raise ValueError(f"--surface {spec}: {exc}") from None
 
 
 @dataclass(frozen=True)

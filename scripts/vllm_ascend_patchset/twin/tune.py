@@ -12,11 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import policies as pol
-from .command import build_workloads, parse_tokens
+from .command import build_workloads, parse_chunks, parse_smooth_factors
 from .report import figures_from_result
 
 DEFAULT_BASE_CHUNKS = (4096, 6144, 8192, 12288, 16384)
@@ -115,10 +116,10 @@ def run_tune(args: argparse.Namespace, surface_spec: str, stage_counts: list[int
         for p in stage_counts
         for w in build_workloads(args, surface_spec, p)
     ]
-    bases = [parse_tokens(v) for v in (args.tune_base_chunks or ",".join(map(str, DEFAULT_BASE_CHUNKS))).split(",")]
-    smooths = [float(v) for v in (args.tune_smooth_factors or ",".join(map(str, DEFAULT_SMOOTH_FACTORS))).split(",")]
-    if any(not 0 < s <= 1 for s in smooths):
-        raise ValueError(f"--tune-smooth-factors must lie in (0, 1], got {smooths}")
+    bases = parse_chunks(args.tune_base_chunks or ",".join(map(str, DEFAULT_BASE_CHUNKS)), "--tune-base-chunks")
+    smooths = parse_smooth_factors(
+        args.tune_smooth_factors or ",".join(map(str, DEFAULT_SMOOTH_FACTORS)), "--tune-smooth-factors"
+    )
     result = tune(setups, kind, args.chunk, bases, smooths, args.log_dir)
     print(f"tuned {kind} CPP over {len(result.ttft_ms)} settings on: {', '.join(result.case_names)}")
     for label, candidate in (("default", result.default), ("recommended", result.best)):
@@ -128,4 +129,8 @@ def run_tune(args: argparse.Namespace, surface_spec: str, stage_counts: list[int
             print(f"  {case}: mean TTFT {ttft / 1000:.3f} s ({ratio:.3f}x default)")
     if result.best == result.default:
         print("no setting beat the default on these cases: keep the default")
+    failed = [name for name, ttft in result.ttft_ms.items() if any(math.isnan(v) for v in ttft)]
+    if failed:
+        print(f"cpp-twin: {len(failed)} setting(s) failed or ran incomplete: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0

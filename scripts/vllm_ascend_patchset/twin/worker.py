@@ -57,12 +57,21 @@ class PolicyRunner:
         self.async_scheduling = bool(case.get("async_scheduling", False))
 
     def run(self, policy: dict[str, Any]) -> dict[str, Any]:
-        from .engine import SurfaceExecutor, VllmDriver, kv_blocks_for, make_scheduler, make_vllm_config
+        from .engine import (
+            MODEL_LEN_SLACK_TOKENS,
+            SurfaceExecutor,
+            VllmDriver,
+            kv_blocks_for,
+            make_scheduler,
+            make_vllm_config,
+        )
         from .pipeline import run_pipeline
 
         started = time.perf_counter()
         kind = policy["kind"]
-        max_model_len = max(self.workload.max_request_tokens + 256, int(policy["max_num_batched_tokens"]))
+        max_model_len = max(
+            self.workload.max_request_tokens + MODEL_LEN_SLACK_TOKENS, int(policy["max_num_batched_tokens"])
+        )
         vllm_config = make_vllm_config(
             max_num_batched_tokens=int(policy["max_num_batched_tokens"]),
             num_stages=self.num_stages,
@@ -152,7 +161,7 @@ def describe_calibration(scheduler: Any, profiled_rule: Any, workload: Any) -> d
 
 
 def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:
-    """Our engine start-up (issue 4's ProfilingChunkScheduler); adapted to its interface."""
+    """Our ProfilingChunkScheduler's engine start-up (its start-up profiling), as the engine would call it."""
     run = getattr(scheduler, "run_profiling_chunk_init", None)
     if run is None:
         raise RuntimeError("our ProfilingChunkScheduler has no start-up profiling entry the twin knows")

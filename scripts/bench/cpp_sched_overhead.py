@@ -4,7 +4,7 @@
 Both schedulers are real vLLM 0.23.0 schedulers from the assembled tree: upstream's
 BalanceScheduler (CPP off: vLLM's own loop) and our ProfilingChunkScheduler (CPP on,
 profiled through a fake executor). The same workload, many decoding requests plus long
-prompts arriving, runs through each; the script prints the mean time of
+prompts arriving, runs through each in lock-step; the script prints the mean time of
 ``schedule()`` + ``update_from_output()`` per step and the ratio. It asserts nothing.
 
     make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300]
@@ -34,22 +34,30 @@ def _setup() -> None:
     npu_stubs.install()
 
 
-def run(scheduler, helpers, args) -> float:
-    for i in range(args.decodes):
-        scheduler.add_request(helpers.make_request(f"d{i}", list(range(1 + 100 * i, 65 + 100 * i)), max_tokens=10**6))
-    for _ in range(5):  # the decoders' prompts
-        out = scheduler.schedule()
-        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
-    elapsed = 0.0
+def run_side_by_side(schedulers, helpers, args) -> list[float]:
+    """Mean microseconds of schedule() + update_from_output() per step, the schedulers in lock-step.
+
+    Each step runs on every scheduler in turn, so a change of machine load between steps
+    falls on all of them alike.
+    """
+    for scheduler in schedulers:
+        for i in range(args.decodes):
+            prompt = list(range(1 + 100 * i, 65 + 100 * i))
+            scheduler.add_request(helpers.make_request(f"d{i}", prompt, max_tokens=10**6))
+        for _ in range(5):  # the decoders' prompts
+            out = scheduler.schedule()
+            scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+    elapsed = [0.0] * len(schedulers)
     for step in range(args.steps):
-        if step % 20 == 0:
-            prompt = list(range(10**6 + 10_000 * step, 10**6 + 10_000 * step + 6000))
-            scheduler.add_request(helpers.make_request(f"long{step}", prompt, max_tokens=1))
-        start = time.perf_counter()
-        out = scheduler.schedule()
-        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
-        elapsed += time.perf_counter() - start
-    return elapsed / args.steps * 1e6
+        for index, scheduler in enumerate(schedulers):
+            if step % 20 == 0:
+                prompt = list(range(10**6 + 10_000 * step, 10**6 + 10_000 * step + 6000))
+                scheduler.add_request(helpers.make_request(f"long{step}", prompt, max_tokens=1))
+            start = time.perf_counter()
+            out = scheduler.schedule()
+            scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+            elapsed[index] += time.perf_counter() - start
+    return [total / args.steps * 1e6 for total in elapsed]
 
 
 def main() -> int:
@@ -79,11 +87,12 @@ def main() -> int:
         **common,
     )
     cpp.run_profiling_chunk_init(FakeExecutor())
-    fixed_us, identity_us, cpp_us = (run(s, helpers, args) for s in (fixed, identity, cpp))
+    fixed_us, identity_us, cpp_us = run_side_by_side((fixed, identity, cpp), helpers, args)
     print(f"{args.decodes} decoding requests, a 6000-token prompt every 20 steps, {args.steps} steps")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
     print(f"CPP, upstream's loop:             {cpp_us:8.1f} us per step   ratio {cpp_us / fixed_us:.2f}")
+    print(f"CPP over upstream's loop with identity hooks: {cpp_us / identity_us:.3f}")
     return 0
 
 

@@ -58,8 +58,11 @@ __all__ = ["DEFAULT_FLOOR_TOKENS", "ChunkLimits", "ChunkRule", "StepBudget"]
 
 DEFAULT_FLOOR_TOKENS = 64  # the step's first prefill advances by at least this much
 PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
-_PLAN_PANELS = 16  # Simpson panels per prefill
-_PLAN_GRID = 32  # candidate targets per search round (two rounds)
+_PLAN_PANELS = 8  # Simpson panels per prefill
+_PLAN_GRID = 24  # candidate targets per search round (two rounds)
+_GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
+_NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
+_SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
 DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
 
 
@@ -194,14 +197,15 @@ class ChunkRule:
         low, high = self.target_bounds(held, fixed_ms)
         if not held or high <= low * (1.0 + 1e-9):
             return high
-        candidates = np.geomspace(low * (1.0 + 1e-6), high, _PLAN_GRID)
+        low *= 1.0 + 1e-6
+        candidates = low * (high / low) ** _GRID_STEPS
         costs, work = self._predicted_ttft_ms(held, candidates, fixed_ms, inflight_ms)
         best = int(np.argmin(costs))
         if not np.isfinite(costs[best]):
             return high
         # Refine between the neighbours of the best candidate.
         lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
-        fine = np.geomspace(candidates[lo_index], candidates[hi_index], _PLAN_GRID)
+        fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
         fine_costs, fine_work = self._predicted_ttft_ms(held, fine, fixed_ms, inflight_ms)
         candidates = np.concatenate([candidates, fine])
         costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
@@ -223,10 +227,7 @@ class ChunkRule:
         """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
         model, limits = self.model, self.limits
         c1, c2, c3, c4 = model.c1_ms, model.c2_ms, model.c3_ms, model.c4_ms
-        weights = np.ones(2 * _PLAN_PANELS + 1)
-        weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
-        fractions = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)
-        histories = np.array([h + r * fractions for h, r in held])  # (prefills, nodes)
+        histories = np.array([h + r * _NODES for h, r in held])  # (prefills, nodes)
         remaining = np.array([float(r) for _, r in held])
         history = histories[None, :, :]
         spare = targets[:, None, None] - fixed_ms - c2 * history
@@ -246,7 +247,7 @@ class ChunkRule:
             # A chunk covering position H starts at about H - C/2: its attention over history
             # and its history read are counted from there.
             per_token_ms = (fixed_ms + c2 * (history - chunk / 2)) / chunk + c1 + (c3 - c4 / 2) * chunk + c4 * history
-            work_ms = (per_token_ms @ weights) * remaining / (6.0 * _PLAN_PANELS)  # (targets, prefills)
+            work_ms = (per_token_ms @ _SIMPSON) * remaining  # (targets, prefills)
             chunk_ms = fixed_ms + c2 * history + chunk * (c1 + c3 * chunk + c4 * history)
         largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
         mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (self.num_stages - 1) * largest_ms
@@ -265,13 +266,17 @@ class StepBudget:
     def start(self) -> None:
         """A new step: only the fixed cost c0 is spent."""
         self.used_ms = self.rule.model.c0_ms  # c0 + reserved decodes + charged requests
-        self.charged: dict[str, tuple[int, int, float]] = {}  # request -> chunk_tokens, history_tokens, ms
+        self.charged_ms = 0.0  # charged requests only
+        # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
+        self.charged: dict[str, tuple[int, int, float]] = {}
         self.reserved: dict[str, tuple[int, float]] = {}  # decodes: request -> new_tokens, ms
         self.prefills: set[str] = set()
 
     def reserve(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
         """Book a running decode's tokens before any prefill: decodes are never cut."""
-        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+        model = self.rule.model
+        cost_ms = new_tokens * (model.c1_ms + model.c3_ms * new_tokens + model.c4_ms * history_tokens)
+        cost_ms += model.c2_ms * history_tokens
         self.reserved[request_id] = (new_tokens, cost_ms)
         self.used_ms += cost_ms
 
@@ -296,16 +301,26 @@ class StepBudget:
                 chunk = max(chunk, wanted)
         return max(0, min(chunk, allowed_tokens))
 
+    def charge_reserved(self, request_id: str, new_tokens: int, history_tokens: int) -> bool:
+        """A reserved decode is in the batch as reserved (already counted); False if it is not that."""
+        reservation = self.reserved.get(request_id)
+        if reservation is None or reservation[0] != new_tokens:
+            return False
+        del self.reserved[request_id]
+        self.charged_ms += reservation[1]
+        self.charged[request_id] = (new_tokens, history_tokens, reservation[1])
+        return True
+
     def charge(self, request_id: str, new_tokens: int, history_tokens: int, is_prefill: bool) -> None:
         """A request is in the batch with ``new_tokens``: count its cost (a reserved decode is already in)."""
-        reservation = self.reserved.pop(request_id, None)
-        if reservation is not None and reservation[0] == new_tokens:
-            cost_ms = reservation[1]
-        else:
-            cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
-            self.used_ms += cost_ms - (reservation[1] if reservation is not None else 0.0)
-            if is_prefill:
-                self.prefills.add(request_id)
+        if self.charge_reserved(request_id, new_tokens, history_tokens):
+            return
+        reservation = self.reserved.pop(request_id, None)  # a decode scheduled otherwise than reserved
+        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+        self.used_ms += cost_ms - (reservation[1] if reservation is not None else 0.0)
+        if is_prefill:
+            self.prefills.add(request_id)
+        self.charged_ms += cost_ms
         self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
 
     def refund(self, request_id: str) -> None:
@@ -313,6 +328,7 @@ class StepBudget:
         charged = self.charged.pop(request_id, None)
         if charged is not None:
             self.used_ms -= charged[2]
+            self.charged_ms -= charged[2]
         self.prefills.discard(request_id)
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
@@ -321,4 +337,4 @@ class StepBudget:
 
     def predicted_ms(self) -> float:
         """The model's time of the step's charged requests (c0 included)."""
-        return self.rule.model.c0_ms + sum(cost for _, _, cost in self.charged.values())
+        return self.rule.model.c0_ms + self.charged_ms

@@ -51,11 +51,16 @@ MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an 
 
 @dataclass(frozen=True)
 class CppBatch:
-    """What the scheduler planned for one step: its (chunk_tokens, history_tokens) pairs."""
+    """What the scheduler planned for one step (the step budget's ``charged``, kept as it was)."""
 
-    pairs: tuple[tuple[int, int], ...]
+    charged: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
     predicted_ms: float
     timed: bool
+
+    @property
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The step's (chunk_tokens, history_tokens) pairs."""
+        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
 
 
 class ProfilingChunkScheduler(BalanceScheduler):
@@ -149,27 +154,29 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget.start()
         prefills = []
-        decoding = []
+        reserve = budget.reserve
         for request in self.running:
             history_tokens = request.num_computed_tokens
-            if request.num_tokens - history_tokens > 1:
+            num_tokens = request.num_tokens
+            if num_tokens - history_tokens > 1:
                 prefills.append(request)
                 continue
-            decoding.append(history_tokens)
             # A decode; none while its last token is in flight, unless asynchronous
             # scheduling already counts that token as a placeholder.
-            new_tokens = request.num_tokens_with_spec + request.num_output_placeholders - history_tokens
+            new_tokens = num_tokens - history_tokens + request.num_output_placeholders
+            if request.spec_token_ids:
+                new_tokens += len(request.spec_token_ids)
             if new_tokens > 0:
-                budget.reserve(request.request_id, new_tokens, history_tokens)
-        self._plan_if_prefills_changed(prefills, decoding)
+                reserve(request.request_id, new_tokens, history_tokens)
+        self._plan_if_prefills_changed(prefills)
         return token_budget
 
-    def _plan_if_prefills_changed(self, running_prefills: list, decoding: list[int]) -> None:
+    def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's.
 
-        ``decoding``: the histories of every decoding request, in flight or not. Without
-        asynchronous scheduling a decode rides in one batch of every P (its next token needs
-        the last one back), so a batch carries 1/P of their cost.
+        Every decoding request, in flight or not, counts: without asynchronous scheduling a
+        decode rides in one batch of every P (its next token needs the last one back), so
+        a batch carries 1/P of their cost.
         """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting)]
         key = (tuple(r.request_id for r in running_prefills), tuple(r.request_id for r in waiting))
@@ -183,6 +190,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget = self._cpp_budget
         rule = budget.rule
         inflight_ms = max((batch.predicted_ms for batch in self._cpp_batches.values()), default=0.0)
+        decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
         share = 1.0 if isinstance(self, AsyncScheduler) else 1.0 / rule.num_stages
         decode_ms = share * sum(rule.model.decode_ms(history) for history in decoding)
         budget.target_ms = rule.plan_target(
@@ -192,8 +200,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         budget = self._cpp_budget
-        if budget is None:
-            return num_new_tokens
+        if budget is None or request.request_id in budget.reserved:
+            return num_new_tokens  # a decode reserved at step start: never cut
         remaining_tokens = request.num_tokens - request.num_computed_tokens
         if remaining_tokens <= 1:
             return num_new_tokens  # decodes are reserved at step start and never cut
@@ -206,9 +214,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
         return budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
 
     def charge_scheduled_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> None:
-        if self._cpp_budget is not None:
+        budget = self._cpp_budget
+        if budget is not None and not budget.charge_reserved(request.request_id, num_new_tokens, history_tokens):
             is_prefill = request.num_tokens - history_tokens > 1
-            self._cpp_budget.charge(request.request_id, num_new_tokens, history_tokens, is_prefill)
+            budget.charge(request.request_id, num_new_tokens, history_tokens, is_prefill)
 
     def refund_scheduled_tokens(self, request: Any) -> None:
         if self._cpp_budget is not None:
@@ -227,7 +236,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
                 timed = calibrating or self._cpp_prefill_steps % config.timing_every == 0
                 self.cpp_timed_steps += timed
             batches = self._cpp_batches
-            batches[id(scheduler_output)] = CppBatch(budget.pairs(), budget.predicted_ms(), timed)
+            batches[id(scheduler_output)] = CppBatch(budget.charged, budget.predicted_ms(), timed)
             if len(batches) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
                 del batches[next(iter(batches))]
         scheduler_output.cpp_time_step = timed  # the one flag the workers read

@@ -275,7 +275,7 @@ def test_latency_samples_that_are_not_measurements_are_refused_with_fit_error(ba
             marks=pytest.mark.xfail(
                 strict=True,
                 raises=OverflowError,
-                reason="accept converts with float() and catches only TypeError/ValueError",
+                reason="accept: float() overflow escapes",
             ),
             id="integer-too-large-for-a-float",
         ),
@@ -304,6 +304,11 @@ def test_one_sample_with_impossible_token_counts_gives_fit_error_or_the_same_mod
             return
     for chunk, history in [(16, 0), (8192, 0), (2048, 65_536)]:
         assert model.time_ms(chunk, history) == pytest.approx(TRUE.time_ms(chunk, history), rel=0.02)
+
+
+TOO_FEW_FOR_THE_FOLDS = pytest.mark.xfail(
+    strict=True, raises=FitError, reason="each refit without 1/8 of the points needs >= 8: accept needs >= 10 sizes"
+)
 
 
 @pytest.mark.parametrize(

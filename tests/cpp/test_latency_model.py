@@ -272,11 +272,7 @@ def test_latency_samples_that_are_not_measurements_are_refused_with_fit_error(ba
     [
         pytest.param(
             (10**400, 0, 50.0),
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=OverflowError,
-                reason="accept: float() overflow escapes",
-            ),
+            marks=pytest.mark.xfail(strict=True, raises=OverflowError, reason="accept: float() overflow escapes"),
             id="integer-too-large-for-a-float",
         ),
         pytest.param(
@@ -314,12 +310,8 @@ TOO_FEW_FOR_THE_FOLDS = pytest.mark.xfail(
 @pytest.mark.parametrize(
     "points",
     [
-        pytest.param(
-            8, marks=pytest.mark.xfail(strict=True, raises=FitError, reason="accept needs >= 10 distinct points")
-        ),
-        pytest.param(
-            9, marks=pytest.mark.xfail(strict=True, raises=FitError, reason="accept needs >= 10 distinct points")
-        ),
+        pytest.param(8, marks=TOO_FEW_FOR_THE_FOLDS),
+        pytest.param(9, marks=TOO_FEW_FOR_THE_FOLDS),
         10,
         64,
     ],

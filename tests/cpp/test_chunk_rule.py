@@ -12,12 +12,18 @@ import warnings
 
 import numpy as np
 import pytest
+from cpp_samples import TRUE
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS, ChunkLimits, ChunkRule, StepBudget, align_down
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+NPU_LIKE = LatencyModel(c0_ms=30.0, c1_ms=0.01, c2_ms=1e-4, c3_ms=5e-7, c4_ms=2e-7)  # fixed cost dominates
+CPU_LIKE = LatencyModel(c0_ms=0.5, c1_ms=0.05, c2_ms=0.0, c3_ms=1e-5, c4_ms=1.5e-5)  # attention dominates
+MIDDLE = TRUE  # history reads visible: C*(H) grows with H
+LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=262_144)
 
 
 def log_uniform(low_exponent: float, high_exponent: float, zero: bool = True):
@@ -157,9 +163,8 @@ def test_chunks_never_grow_as_history_grows_without_a_history_read_cost(request_
     strict=True, reason="with c2 > 0 the cheapest chunk C*(H) grows with H; where it binds, chunks grow with history"
 )
 def test_chunks_never_grow_as_history_grows_with_a_history_read_cost():
-    model = LatencyModel(c0_ms=5.0, c1_ms=0.02, c2_ms=0.002, c3_ms=2e-6, c4_ms=3e-7)
-    rule = ChunkRule(model, ChunkLimits(max_chunk_tokens=8192, max_model_len=200_000), num_stages=4)
-    target_ms = model.time_ms(8192, 0)
+    rule = ChunkRule(MIDDLE, LIMITS, num_stages=4)
+    target_ms = MIDDLE.time_ms(8192, 0)
     chunks = [rule.wanted_chunk(history, 60_000, target_ms) for history in (0, 8192, 32_768)]
     assert chunks == sorted(chunks, reverse=True), chunks  # today: [1568, 3264, 5648]
 
@@ -319,6 +324,7 @@ def test_the_planned_target_is_finite_and_within_its_bounds(data):
     fixed_ms = rule.model.c0_ms + data.draw(st.sampled_from([0.0, 1.0, 50.0]))
     inflight_ms = data.draw(st.sampled_from([0.0, 10.0, 1000.0]))
     low, high = rule.target_bounds(held, fixed_ms)
+    assume(not low * (1 + 1e-9) < high < low * (1 + 1e-6))  # that sliver: the xfail below
     target_ms = rule.plan_target(held, fixed_ms=fixed_ms, inflight_ms=inflight_ms)
     assert math.isfinite(target_ms)
     assert low <= target_ms <= high * (1 + 1e-12)
@@ -331,16 +337,27 @@ def test_the_planned_target_never_exceeds_max_batch_ms_when_one_aligned_chunk_fi
     held = data.draw(held_prefills(rule))
     low, high = rule.target_bounds(held, rule.model.c0_ms)
     rule = rule.with_limits(max_batch_ms=low * (high / low) ** data.draw(st.floats(0.0, 1.5)))
+    assume(not low * (1 + 1e-9) < rule.limits.max_batch_ms < low * (1 + 1e-6))  # that sliver: the xfail below
     assert rule.plan_target(held) <= rule.limits.max_batch_ms * (1 + 1e-12)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="plan_target searches from low * (1 + 1e-6) but returns high only below low * (1 + 1e-9): "
+    "an upper bound in between is overshot by up to 1e-6",
+)
+def test_the_planned_target_never_exceeds_an_upper_bound_just_above_the_lower_one():
+    rule = ChunkRule(MIDDLE, LIMITS, num_stages=4)
+    low, _ = rule.target_bounds([(0, 1)], MIDDLE.c0_ms)
+    rule = rule.with_limits(max_batch_ms=low * (1 + 5e-7))
+    assert rule.plan_target([(0, 1)]) <= rule.limits.max_batch_ms
 
 
 @pytest.mark.xfail(
     strict=True, reason="target_bounds lets its low bound (16 tokens at the deepest history) win over max_batch_ms"
 )
 def test_the_planned_target_never_exceeds_max_batch_ms():
-    model = LatencyModel(c0_ms=5.0, c1_ms=0.02, c2_ms=0.002, c3_ms=2e-6, c4_ms=3e-7)
-    limits = ChunkLimits(max_chunk_tokens=8192, max_model_len=200_000, max_batch_ms=20.0)
-    rule = ChunkRule(model, limits, num_stages=4)
+    rule = ChunkRule(MIDDLE, LIMITS, num_stages=4).with_limits(max_batch_ms=20.0)
     assert rule.plan_target([(0, 150_000)]) <= 20.0  # planned: 306 ms, one 16-token chunk at 150k
 
 
@@ -368,10 +385,6 @@ def test_a_deeper_pipeline_never_plans_a_longer_batch(data):
 
 
 # ---------------------------------------------------------------- the planner against brute force
-NPU_LIKE = LatencyModel(c0_ms=30.0, c1_ms=0.01, c2_ms=1e-4, c3_ms=5e-7, c4_ms=2e-7)  # fixed cost dominates
-CPU_LIKE = LatencyModel(c0_ms=0.5, c1_ms=0.05, c2_ms=0.0, c3_ms=1e-5, c4_ms=1.5e-5)  # attention dominates
-MIDDLE = LatencyModel(c0_ms=5.0, c1_ms=0.02, c2_ms=0.002, c3_ms=2e-6, c4_ms=3e-7)
-LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=262_144)
 
 
 def prefill_chunks(rule, history_tokens, remaining_tokens, target_ms):

@@ -1,21 +1,25 @@
 """Real data: a latency surface t(C, H) measured on a CPU by scripts/measure_cpu_surface.py.
 
 Fitting the H = 0 samples plus one or two history levels must predict the other
-history levels within 15% MAPE, and at least 3x better than upstream v0.23.0's start-up
-model (f(l) = a*l^2 + b*l + c by least squares on the H = 0 samples, a chunk costing
-f(H + C) - f(H)) on the same points.
+history levels within 15% MAPE, and at least 3x better than upstream v0.23.0's own
+start-up model on the same points: its ``ChunkSizePredictor.fit`` on the H = 0 samples,
+a chunk costing ``get_time`` = f(H + C) - f(H) (or that plus the constant, whichever
+is better). Upstream's module is loaded from the pristine pinned tree, as
+scripts/bench/predictor.py does.
 """
 
 from __future__ import annotations
 
 import csv
+import importlib.util
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
+import conftest
 import numpy as np
 import pytest
-from vllm_ascend.core.profiling_chunk_predictor import ChunkSizePredictor, LatencyModel
+from vllm_ascend.core.profiling_chunk_predictor import FitError, LatencyModel, accept
 
 SURFACE = Path(__file__).resolve().parents[1] / "data" / "cpu_surface.csv"
 
@@ -38,18 +42,24 @@ def mape(predict, points):
     return float(np.mean([abs(predict(c, h) - ms) / ms for (c, h), ms in points.items()]))
 
 
-def upstream_start_up_predictions(samples):
-    """Upstream's start-up model: plain least squares of a*l^2 + b*l + c on the H = 0 samples."""
-    lengths = np.array([c for c, h, _ in samples if h == 0], dtype=float)
-    latency_ms = np.array([ms for _, h, ms in samples if h == 0])
-    a, b, c = np.linalg.lstsq(np.column_stack([lengths**2, lengths, np.ones_like(lengths)]), latency_ms, rcond=None)[0]
+@pytest.fixture(scope="module")
+def upstream():
+    """Upstream v0.23.0's vllm_ascend/core/profiling_chunk_predictor.py, under another module name."""
+    spec = importlib.util.spec_from_file_location(
+        "bench_predictor", conftest.ROOT / "scripts" / "bench" / "predictor.py"
+    )
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench.load_upstream()
 
-    def f(length):
-        return a * length**2 + b * length + c
 
+def upstream_start_up_predictions(upstream, samples):
+    """Upstream's start-up fit on the H = 0 samples, and the two ways to read a chunk's time from it."""
+    predictor = upstream.ChunkSizePredictor()
+    assert predictor.fit([c for c, h, _ in samples if h == 0], [ms for _, h, ms in samples if h == 0])
     return {
-        "f(H+C)-f(H)": lambda chunk, history: f(history + chunk) - f(history),
-        "f(H+C)-f(H)+c": lambda chunk, history: f(history + chunk) - f(history) + c,
+        "get_time": predictor.get_time,
+        "get_time+c": lambda chunk, history: predictor.get_time(chunk, history) + predictor.constant_coeff_c,
     }
 
 
@@ -65,7 +75,7 @@ def test_the_surface_has_repeats_and_a_visible_attention_term():
 
 
 @pytest.mark.parametrize("fit_histories", [(4096, 32768), (8192, 32768), (16384,)], ids=str)
-def test_fit_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(fit_histories):
+def test_fit_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(upstream, fit_histories):
     samples = read_surface()
     fit_levels = {0, *fit_histories}
     fit_samples = [s for s in samples if s[1] in fit_levels]
@@ -74,16 +84,19 @@ def test_fit_predicts_held_out_histories_within_15_percent_and_3x_better_than_up
 
     model = LatencyModel.fit(*zip(*fit_samples, strict=True))
     ours = mape(model.time_ms, held_out)
-    upstream = min(mape(predict, held_out) for predict in upstream_start_up_predictions(samples).values())
+    theirs = min(mape(predict, held_out) for predict in upstream_start_up_predictions(upstream, samples).values())
     assert ours <= 0.15, f"our MAPE {ours:.1%} on held-out points"
-    assert ours * 3 <= upstream, f"ours {ours:.1%} vs upstream start-up {upstream:.1%}"
+    assert ours * 3 <= theirs, f"ours {ours:.1%} vs upstream start-up {theirs:.1%}"
 
 
-def test_start_up_profile_alone_gives_a_safe_predictor_on_the_surface():
-    samples = read_surface()
-    start_up = LatencyModel.fit(*zip(*[s for s in samples if s[1] == 0], strict=True))
-    predictor = ChunkSizePredictor(
-        start_up, base_chunk_size=4096, page_size=128, max_model_len=65_536, max_num_scheduled_tokens=4096
-    )
-    chunks = [predictor.next_chunk(h, 60_000) for h in (0, 8192, 32768)]
-    assert chunks[0] == 4096 and chunks == sorted(chunks, reverse=True) and chunks[-1] < 4096
+@pytest.mark.xfail(
+    strict=True,
+    raises=FitError,
+    reason="accept's stability range starts at 16 tokens, 16x below the smallest chunk measured (256): without "
+    "the single (256, 0) point c0 goes 4.1 -> 9.8 ms and t(16, 0) moves +119%",
+)
+def test_the_surface_profile_is_accepted_for_the_range_it_covers():
+    """The fit above on H in {0, 4096, 32768} (6% MAPE on held-out histories) must pass the one acceptance rule."""
+    samples = [s for s in read_surface() if s[1] in {0, 4096, 32768}]
+    model = accept(samples, max_chunk_tokens=4096, max_history_tokens=32768)
+    assert model.mape <= 0.15

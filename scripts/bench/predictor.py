@@ -206,7 +206,9 @@ def main(argv=None) -> int:
 
     def our_chunking(prompt_tokens):
         target_ms = our_rule.plan_target([(0, prompt_tokens)])
-        return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
+        return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(
+            history_tokens, remaining_tokens, target_ms
+        )
 
     def upstream_next(predictor, with_history):
         predict = predictor.predict_with_history if with_history else predictor.predict

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_profiling import profile_plan
 
@@ -35,6 +34,5 @@ def start_up_samples(
         repeats=repeats,
         history_points=history_points,
         max_history_tokens=max_history_tokens,
-        align=ALIGN_TOKENS,
     )
     return timed(model, plan, noise=noise, seed=seed)

@@ -15,7 +15,7 @@ import pytest
 from cpp_samples import TRUE
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from vllm_ascend.core.cpp_chunk_rule import ALIGN_TOKENS, ChunkLimits, ChunkRule, StepBudget, align_down
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget, whole_tokens
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -54,10 +54,10 @@ def latency_models(draw, c2=None, cheapest_in_range=False):
 
 @st.composite
 def rules(draw, smooth_factor=None, c2=None, tail_tolerance=None, max_batch_ms=False, cheapest_in_range=False):
-    max_chunk_tokens = draw(st.integers(ALIGN_TOKENS, 32_768))
+    max_chunk_tokens = draw(st.integers(1, 32_768))
     limits = ChunkLimits(
         max_chunk_tokens=max_chunk_tokens,
-        max_model_len=draw(st.integers(ALIGN_TOKENS, 1_000_000)),
+        max_model_len=draw(st.integers(1, 1_000_000)),
         min_chunk_tokens=draw(st.integers(0, max_chunk_tokens)),
         smooth_factor=draw(SMOOTH_FACTORS) if smooth_factor is None else smooth_factor,
         tail_tolerance=draw(TAIL_TOLERANCES) if tail_tolerance is None else tail_tolerance,
@@ -91,14 +91,6 @@ def requests(draw, **rule_options):
 
 @PROPERTIES
 @given(requests())
-def test_chunks_are_aligned_unless_they_are_the_final_tail(request_case):
-    rule, history_tokens, remaining_tokens, target_ms = request_case
-    chunk_tokens = rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
-    assert chunk_tokens == remaining_tokens or chunk_tokens % ALIGN_TOKENS == 0
-
-
-@PROPERTIES
-@given(requests())
 def test_chunks_stay_within_the_token_budget_and_the_context(request_case):
     rule, history_tokens, remaining_tokens, target_ms = request_case
     chunk_tokens = rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
@@ -120,7 +112,7 @@ def test_a_chunk_is_never_larger_than_the_cheapest_per_token_unless_tail_or_floo
     target_ms = rule.model.time_ms(share * efficient_tokens, history_tokens)
     chunk_tokens = rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
     assert chunk_tokens == remaining_tokens or chunk_tokens <= max(
-        align_down(efficient_tokens), rule.limits.floor_tokens
+        whole_tokens(efficient_tokens), rule.limits.floor_tokens
     )
 
 
@@ -135,16 +127,15 @@ def test_smoothing_only_moves_chunks_towards_the_token_budget(request_case, smoo
 
 @PROPERTIES
 @given(requests(), st.floats(0.0, 3.0))
-def test_chunk_within_is_the_largest_aligned_chunk_that_fits_a_budget(request_case, budget_share):
+def test_chunk_within_is_the_largest_chunk_that_fits_a_budget(request_case, budget_share):
     rule, history_tokens, remaining_tokens, target_ms = request_case
     budget_ms = budget_share * target_ms
     chunk_tokens = rule.chunk_within(history_tokens, budget_ms, remaining_tokens)
     limit = min(remaining_tokens, rule.limits.max_chunk_tokens, rule.limits.max_model_len - history_tokens)
     assert 0 <= chunk_tokens <= limit
-    assert chunk_tokens == remaining_tokens or chunk_tokens % ALIGN_TOKENS == 0
     if chunk_tokens > 0:
         assert rule.model.request_ms(chunk_tokens, history_tokens) <= budget_ms * (1 + 1e-9)
-    bigger = align_down(chunk_tokens) + ALIGN_TOKENS
+    bigger = chunk_tokens + 1
     if bigger <= limit and budget_ms > 0:  # (no budget: no chunk, even a free one)
         assert rule.model.request_ms(bigger, history_tokens) > budget_ms * (1 - 1e-9)
 
@@ -159,20 +150,27 @@ def test_chunks_never_grow_as_history_grows_without_a_history_read_cost(request_
     assert rule.wanted_chunk(longer, remaining_tokens, target_ms) <= shorter_chunk
 
 
-@pytest.mark.xfail(
-    strict=True, reason="with c2 > 0 the cheapest chunk C*(H) grows with H; where it binds, chunks grow with history"
-)
-def test_chunks_never_grow_as_history_grows_with_a_history_read_cost():
+def test_with_a_history_read_cost_chunks_grow_until_the_target_binds_then_shrink():
+    """Each chunk re-reads the history (c2*H), so the cheapest chunk grows with H until the target caps it."""
     rule = ChunkRule(MIDDLE, LIMITS, num_stages=4)
     target_ms = MIDDLE.time_ms(8192, 0)
-    chunks = [rule.wanted_chunk(history, 60_000, target_ms) for history in (0, 8192, 32_768)]
-    assert chunks == sorted(chunks, reverse=True), chunks  # today: [1568, 3264, 5648]
+    histories = range(0, 200_000, 4096)
+    chunks = [rule.wanted_chunk(history, 60_000, target_ms) for history in histories]
+    cheapest = [min(rule.efficient_tokens(h), MIDDLE.chunk_for_time(h, target_ms)) for h in histories]
+    floor = LIMITS.floor_tokens
+    assert chunks == [max(floor, min(int(c + 1e-9), LIMITS.max_chunk_tokens)) for c in cheapest]
+    peak = chunks.index(max(chunks))
+    assert 0 < peak < len(chunks) - 1  # grows, then shrinks
+    assert chunks[: peak + 1] == sorted(chunks[: peak + 1]) and chunks[peak:] == sorted(chunks[peak:], reverse=True)
+    assert all(
+        MIDDLE.time_ms(c, h) <= target_ms * (1 + 1e-9) for c, h in zip(chunks, histories, strict=True) if c > floor
+    )
 
 
 @PROPERTIES
 @given(st.data())
 def test_every_chunk_of_a_whole_prefill_keeps_to_the_rule(data):
-    """A prompt alone in its batches, step after step: aligned chunks within the target, then its tail."""
+    """A prompt alone in its batches, step after step: chunks within the target, then its tail."""
     rule, _, _, target_ms = data.draw(requests(smooth_factor=1.0, tail_tolerance=0.0))
     prompt_tokens = data.draw(st.integers(1, min(rule.limits.max_model_len, 200_000)))
     history_tokens, chunks = 0, []
@@ -184,7 +182,7 @@ def test_every_chunk_of_a_whole_prefill_keeps_to_the_rule(data):
         chunks.append(chunk_tokens)
         history_tokens += chunk_tokens
     assume(history_tokens == prompt_tokens)  # (a prompt of over 2000 chunks is not followed to its end)
-    assert all(chunk % ALIGN_TOKENS == 0 for chunk in chunks[:-1])
+    assert sum(chunks) == prompt_tokens
 
 
 # ---------------------------------------------------------------- one step's budget
@@ -221,13 +219,12 @@ def run_step(rule, target_ms, decodes, prefills):
 
 @PROPERTIES
 @given(steps())
-def test_a_grant_never_exceeds_what_vllm_allows_and_is_aligned_unless_a_tail_or_vllms_cap(step):
+def test_a_grant_never_exceeds_what_vllm_allows_nor_the_context(step):
     rule, target_ms, decodes, prefills = step
     _, granted = run_step(rule, target_ms, decodes, prefills)
     for (chunk_tokens, _, _), (history_tokens, remaining_tokens, allowed_tokens) in zip(granted, prefills, strict=True):
         assert 0 <= chunk_tokens <= min(allowed_tokens, remaining_tokens, rule.limits.max_chunk_tokens)
         assert history_tokens + chunk_tokens <= rule.limits.max_model_len
-        assert chunk_tokens in (remaining_tokens, allowed_tokens) or chunk_tokens % ALIGN_TOKENS == 0
 
 
 @PROPERTIES
@@ -250,7 +247,7 @@ def test_the_steps_first_prefill_advances_by_at_least_the_floor_even_behind_deco
     rule, target_ms, decodes, prefills = step
     _, granted = run_step(rule, target_ms, decodes, prefills)
     history_tokens, remaining_tokens, allowed_tokens = prefills[0]
-    context_tokens = align_down(rule.limits.max_model_len - history_tokens)
+    context_tokens = whole_tokens(rule.limits.max_model_len - history_tokens)
     least = min(rule.limits.floor_tokens, remaining_tokens, allowed_tokens, rule.limits.cap_tokens, context_tokens)
     assert granted[0][0] >= least
 
@@ -324,7 +321,6 @@ def test_the_planned_target_is_finite_and_within_its_bounds(data):
     fixed_ms = rule.model.c0_ms + data.draw(st.sampled_from([0.0, 1.0, 50.0]))
     inflight_ms = data.draw(st.sampled_from([0.0, 10.0, 1000.0]))
     low, high = rule.target_bounds(held, fixed_ms)
-    assume(not low * (1 + 1e-9) < high < low * (1 + 1e-6))  # that sliver: the xfail below
     target_ms = rule.plan_target(held, fixed_ms=fixed_ms, inflight_ms=inflight_ms)
     assert math.isfinite(target_ms)
     assert low <= target_ms <= high * (1 + 1e-12)
@@ -332,20 +328,14 @@ def test_the_planned_target_is_finite_and_within_its_bounds(data):
 
 @PROPERTIES
 @given(st.data())
-def test_the_planned_target_never_exceeds_max_batch_ms_when_one_aligned_chunk_fits_it(data):
+def test_the_planned_target_never_exceeds_max_batch_ms_whatever_the_prefills(data):
     rule = data.draw(rules())
     held = data.draw(held_prefills(rule))
     low, high = rule.target_bounds(held, rule.model.c0_ms)
     rule = rule.with_limits(max_batch_ms=low * (high / low) ** data.draw(st.floats(0.0, 1.5)))
-    assume(not low * (1 + 1e-9) < rule.limits.max_batch_ms < low * (1 + 1e-6))  # that sliver: the xfail below
     assert rule.plan_target(held) <= rule.limits.max_batch_ms * (1 + 1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan_target searches from low * (1 + 1e-6) but returns high only below low * (1 + 1e-9): "
-    "an upper bound in between is overshot by up to 1e-6",
-)
 def test_the_planned_target_never_exceeds_an_upper_bound_just_above_the_lower_one():
     rule = ChunkRule(MIDDLE, LIMITS, num_stages=4)
     low, _ = rule.target_bounds([(0, 1)], MIDDLE.c0_ms)
@@ -353,9 +343,6 @@ def test_the_planned_target_never_exceeds_an_upper_bound_just_above_the_lower_on
     assert rule.plan_target([(0, 1)]) <= rule.limits.max_batch_ms
 
 
-@pytest.mark.xfail(
-    strict=True, reason="target_bounds lets its low bound (16 tokens at the deepest history) win over max_batch_ms"
-)
 def test_the_planned_target_never_exceeds_max_batch_ms():
     rule = ChunkRule(MIDDLE, LIMITS, num_stages=4).with_limits(max_batch_ms=20.0)
     assert rule.plan_target([(0, 150_000)]) <= 20.0  # planned: 306 ms, one 16-token chunk at 150k
@@ -409,12 +396,6 @@ def predicted_ttft_ms(rule, prompts, target_ms):
     return float(np.mean(np.cumsum(work_ms))) + (rule.num_stages - 1) * largest_ms
 
 
-PLANNER_MISSES_THE_LAST_CHUNK = pytest.mark.xfail(
-    strict=True,
-    reason="the planner counts chunks as a continuous quantity: a nearby target ends the prompt in fewer/evener chunks",
-)
-
-
 @pytest.mark.parametrize(
     ("model", "prompts", "num_stages"),
     [
@@ -425,8 +406,8 @@ PLANNER_MISSES_THE_LAST_CHUNK = pytest.mark.xfail(
         pytest.param(MIDDLE, [(0, 8000)], 2, id="middle-8k-P2"),
         pytest.param(MIDDLE, [(0, 131_072)], 2, id="middle-128k-P2"),
         pytest.param(MIDDLE, [(0, 32_768), (0, 4096), (0, 16_384)], 8, id="middle-3-prompts-P8"),
-        pytest.param(NPU_LIKE, [(0, 8000)], 2, id="npu-8k-P2", marks=PLANNER_MISSES_THE_LAST_CHUNK),
-        pytest.param(MIDDLE, [(0, 32_768)], 4, id="middle-32k-P4", marks=PLANNER_MISSES_THE_LAST_CHUNK),
+        pytest.param(NPU_LIKE, [(0, 8000)], 2, id="npu-8k-P2"),
+        pytest.param(MIDDLE, [(0, 32_768)], 4, id="middle-32k-P4"),
     ],
 )
 def test_the_planned_target_is_within_2_percent_of_the_best_target_on_a_fine_grid(model, prompts, num_stages):
@@ -463,10 +444,10 @@ def test_no_overflow_nor_nan_for_any_model_accept_can_return(data):
     model = LatencyModel(
         *(data.draw(EXTREME_COEFFICIENT) for _ in range(3)), data.draw(log_uniform(-12, 6, zero=c4 > 0)), c4
     )
-    max_chunk_tokens = data.draw(st.integers(ALIGN_TOKENS, 1 << 20))
+    max_chunk_tokens = data.draw(st.integers(1, 1 << 20))
     limits = ChunkLimits(
         max_chunk_tokens=max_chunk_tokens,
-        max_model_len=data.draw(st.integers(ALIGN_TOKENS, 2_000_000)),
+        max_model_len=data.draw(st.integers(1, 2_000_000)),
         min_chunk_tokens=data.draw(st.integers(0, max_chunk_tokens)),
         smooth_factor=data.draw(SMOOTH_FACTORS),
         max_batch_ms=data.draw(MAX_BATCH_MS),

@@ -197,25 +197,35 @@ DOMAIN = {"max_chunk_tokens": 8192, "max_history_tokens": 65_536}
 
 
 def test_eight_distinct_noisy_points_are_refused():
-    sizes = np.linspace(1024, 8192, 8).round()
+    """Eight points that span the range in use still cannot pin five terms down against 10% noise."""
+    plan = [(c, h) for c in np.linspace(1024, 8192, 4).round() for h in (0, DOMAIN["max_history_tokens"])]
     for seed in range(5):
-        samples = timed(TRUE, [(c, 0) for c in sizes], noise=0.10, seed=seed)
         with pytest.raises(FitError, match="unstable fit"):
-            accept(samples, **DOMAIN)
+            accept(timed(TRUE, plan, noise=0.10, seed=seed), **DOMAIN)
 
 
-def test_a_dozen_noisy_points_are_refused_where_the_same_points_measured_exactly_pass():
-    """The refusal is about noise the fit cannot average out, not about the count of points."""
+def test_a_profile_that_never_reached_the_history_in_use_is_refused():
+    """Without history samples the history terms are a guess (c2 = 0, c4 = 2*c3): exact or not, refused."""
     plan = [(c, 0) for c in np.linspace(8192 / 12, 8192, 12).round()]
-    accept(timed(TRUE, plan), **DOMAIN)  # exact: accepted
-    refused = 0
+    with pytest.raises(FitError, match="history reaches 0 tokens"):
+        accept(timed(TRUE, plan), **DOMAIN)
+    accept(timed(TRUE, plan), max_chunk_tokens=8192, max_history_tokens=0)  # no history in use: fine
+
+
+def test_a_dozen_noisy_points_are_refused_or_accepted_close_to_the_truth():
+    """Whatever accept lets through from a handful of noisy points predicts the range in use within 25%."""
+    plan = [(c, h) for c in np.linspace(8192 / 6, 8192, 6).round() for h in (0, DOMAIN["max_history_tokens"])]
+    chunks, histories = np.meshgrid(np.geomspace(8192 / 6, 8192, 6), np.linspace(0, DOMAIN["max_history_tokens"], 5))
+    accepted = 0
     for seed in range(20):
         try:
-            accept(timed(TRUE, plan, noise=0.10, seed=seed), **DOMAIN)
+            model = accept(timed(TRUE, plan, noise=0.10, seed=seed), **DOMAIN)
         except FitError as error:
-            assert "unstable fit" in str(error)
-            refused += 1
-    assert refused >= 18
+            assert "unstable fit" in str(error) or "fit error too large" in str(error)
+            continue
+        accepted += 1
+        assert np.max(np.abs(model.time_ms(chunks, histories) / TRUE.time_ms(chunks, histories) - 1)) <= 0.25
+    assert accepted >= 1
 
 
 @pytest.mark.parametrize("noise", [0.02, 0.05, 0.10])
@@ -238,21 +248,14 @@ def outcome(samples, max_history_tokens):
     return "accepted"
 
 
-def test_history_measured_only_to_8k_is_refused_for_a_64k_range_when_its_refits_disagree_there():
-    ranges = (8192, 65_536, 262_144)
-    refused_far = 0
-    for seed in range(10):
-        short = start_up_samples(max_history_tokens=8192, noise=0.10, seed=seed)
-        results = [outcome(short, max_history_tokens) for max_history_tokens in ranges]
-        # A wider range can only add disagreement: accepted for a range => accepted for any narrower one.
-        for narrower, wider in zip(results, results[1:], strict=False):
-            assert narrower == "accepted" or wider != "accepted"
-        if results[0] == "accepted" and results[1] != "accepted":
-            refused_far += 1
-            assert "unstable fit" in results[1] and "history <= 65536" in results[1]
-            # The same noise with history measured over the whole range passes: the refusal is about reach.
-            assert outcome(start_up_samples(max_history_tokens=65_536, noise=0.10, seed=seed), 65_536) == "accepted"
-    assert refused_far >= 3  # the case occurs at this noise; the asserts above then say what the rule did
+def test_history_measured_only_to_8k_is_refused_for_a_64k_range():
+    for seed in range(5):
+        short = start_up_samples(max_history_tokens=8192, noise=0.02, seed=seed)
+        assert outcome(short, 8192) == "accepted"
+        for max_history_tokens in (65_536, 262_144):
+            assert "history reaches 8192 tokens" in outcome(short, max_history_tokens)
+        # The same noise with history measured over the whole range passes: the refusal is about reach.
+        assert outcome(start_up_samples(max_history_tokens=65_536, noise=0.02, seed=seed), 65_536) == "accepted"
 
 
 @pytest.mark.parametrize(
@@ -270,18 +273,8 @@ def test_latency_samples_that_are_not_measurements_are_refused_with_fit_error(ba
 @pytest.mark.parametrize(
     "bad_sample",
     [
-        pytest.param(
-            (10**400, 0, 50.0),
-            marks=pytest.mark.xfail(strict=True, raises=OverflowError, reason="accept: float() overflow escapes"),
-            id="integer-too-large-for-a-float",
-        ),
-        pytest.param(
-            (1e300, 0, 50.0),
-            marks=pytest.mark.xfail(
-                strict=True, raises=RuntimeWarning, reason="LatencyModel.fit squares the chunk before checking it"
-            ),
-            id="chunk-1e300",
-        ),
+        pytest.param((10**400, 0, 50.0), id="integer-too-large-for-a-float"),
+        pytest.param((1e300, 0, 50.0), id="chunk-1e300"),
         pytest.param((8192, 1e300, 50.0), id="history-1e300"),
         pytest.param((8192, -5, 50.0), id="negative-history"),
         pytest.param(("many", 0, 50.0), id="text"),
@@ -302,22 +295,19 @@ def test_one_sample_with_impossible_token_counts_gives_fit_error_or_the_same_mod
         assert model.time_ms(chunk, history) == pytest.approx(TRUE.time_ms(chunk, history), rel=0.02)
 
 
-TOO_FEW_FOR_THE_FOLDS = pytest.mark.xfail(
-    strict=True, raises=FitError, reason="each refit without 1/8 of the points needs >= 8: accept needs >= 10 sizes"
-)
+def _cpp_settings() -> dict:
+    from vllm_ascend.config_table import settings
+    from vllm_ascend.core.cpp_config import CppConfig
+
+    return settings(CppConfig)
 
 
-@pytest.mark.parametrize(
-    "points",
-    [
-        pytest.param(8, marks=TOO_FEW_FOR_THE_FOLDS),
-        pytest.param(9, marks=TOO_FEW_FOR_THE_FOLDS),
-        10,
-        64,
-    ],
-)
-def test_every_profile_the_config_allows_is_accepted_when_measured_exactly(points):
-    """profile_points >= 8 and profile_history_points = 0 are valid settings; exact times must pass."""
-    samples = start_up_samples(points=points, repeats=1, history_points=0, noise=0.0)
+@pytest.mark.parametrize("extra", [0, 1, 48])
+def test_every_profile_the_config_allows_is_accepted_when_measured_exactly(extra):
+    """The fewest profile points and history lengths the config allows still pass accept when exact."""
+    low = {key: int(_cpp_settings()[key][1].low) for key in ("profile_points", "profile_history_points")}
+    samples = start_up_samples(
+        points=low["profile_points"] + extra, repeats=1, history_points=low["profile_history_points"], noise=0.0
+    )
     model = accept(samples, **DOMAIN)
     assert model.time_ms(8192, 0) == pytest.approx(TRUE.time_ms(8192, 0), rel=1e-6)

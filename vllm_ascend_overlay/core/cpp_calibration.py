@@ -6,8 +6,9 @@ the same quantity the profile measures) go into a window; every ``refit_every``
 records the model is refitted two ways, on the profile rows plus the window and on the
 window alone, and a candidate is adopted only if it predicts the window better than the
 current model and keeps the reference time (a full chunk without history) within
-``max_shift`` of the current one. So a few unusual steps (a health check, a burst of
-decodes) never move the model, and without an accepted profile nothing is adopted.
+``max_shift`` of the current one. A window whose steps are all of about one size (a
+series of health checks, one prompt length) is not refitted on: it cannot tell the
+fixed cost from the per-token ones. Without an accepted profile nothing is adopted.
 Rows carry their source (``profile`` or ``step``). Pure numpy; logging through vLLM.
 """
 
@@ -20,12 +21,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from vllm.logger import init_logger
-
 from vllm_ascend.core.cpp_latency_model import MIN_FIT_POINTS, NUM_FEATURES, FitError, LatencyModel, batch_features
 
 logger = init_logger(__name__)
 
 PROFILE, STEP = "profile", "step"
+MIN_WINDOW_SPREAD = 2.0  # a refit needs steps whose token counts, or histories, differ by this factor
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,10 @@ class OnlineCalibration:
         if self._since_refit < self.refit_every or len(self.window) < MIN_FIT_POINTS:
             return None
         self._since_refit = 0
+        tokens = [row.features[1] for row in self.window]
+        histories = [row.features[2] for row in self.window]
+        if max(tokens) < MIN_WINDOW_SPREAD * min(tokens) and max(histories) <= MIN_WINDOW_SPREAD * min(histories):
+            return None  # steps of about one size (health checks, one prompt length) say too little
         return self._refit()
 
     def window_error(self, model: LatencyModel) -> float:
@@ -98,7 +103,9 @@ class OnlineCalibration:
                 continue
             shift = candidate.time_ms(self.reference_chunk_tokens, 0) / reference_ms - 1.0
             if abs(shift) > self.max_shift:
-                logger.debug("[CPP] online refit on %s rows would move the model by %+.0f%%", "+".join(sources), 100 * shift)
+                logger.debug(
+                    "[CPP] online refit on %s rows would move the model by %+.0f%%", "+".join(sources), 100 * shift
+                )
                 continue
             error = self.window_error(candidate)
             if error < best_error:

@@ -51,7 +51,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 __all__ = ["DEFAULT_FLOOR_TOKENS", "ChunkLimits", "ChunkRule", "StepBudget"]
@@ -63,6 +62,8 @@ _PLAN_GRID = 24  # candidate targets per search round (two rounds)
 _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
 _NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
 _SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
+EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
+_STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
 DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
 
 
@@ -167,14 +168,18 @@ class ChunkRule:
 
     # ------------------------------------------------------------------ the target
     def target_bounds(self, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
-        """Targets worth searching: a floor-sized chunk at the deepest history, up to a full cap there."""
+        """Targets worth searching: a floor-sized chunk at the deepest history, up to a full cap there.
+
+        ``max_batch_ms`` bounds both: the user's latency bound wins over the low end too (the
+        step's first prefill still advances by the floor).
+        """
         model, limits = self.model, self.limits
         deepest = max((history + remaining for history, remaining in prefills), default=0)
         low = fixed_ms + model.request_ms(limits.floor_tokens, deepest)
-        high = fixed_ms + model.request_ms(limits.cap_tokens, deepest)
+        high = max(low, fixed_ms + model.request_ms(limits.cap_tokens, deepest))
         if limits.max_batch_ms is not None:
-            high = min(high, limits.max_batch_ms)
-        return low, max(low, high)
+            low, high = min(low, limits.max_batch_ms), min(high, limits.max_batch_ms)
+        return low, high
 
     def plan_target(
         self,
@@ -195,9 +200,8 @@ class ChunkRule:
         fixed_ms = model.c0_ms if fixed_ms is None else max(float(fixed_ms), model.c0_ms)
         held = [(int(h), int(r)) for h, r in prefills if r > 0][:PLAN_MAX_PREFILLS]
         low, high = self.target_bounds(held, fixed_ms)
-        if not held or high <= low * (1.0 + 1e-9):
+        if not held or high <= low * (1.0 + 1e-6):
             return high
-        low *= 1.0 + 1e-6
         candidates = low * (high / low) ** _GRID_STEPS
         costs, work = self._predicted_ttft_ms(held, candidates, fixed_ms, inflight_ms)
         best = int(np.argmin(costs))
@@ -211,11 +215,74 @@ class ChunkRule:
         costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
         best = int(np.argmin(costs))
         if not decoding:
-            return float(candidates[best])
+            return self._refine_for_few_chunks(held, float(candidates[best]), low, high, fixed_ms, inflight_ms)
         # Decodes ride in these batches and wait for each one: take the shortest batch that
         # does the prefills' work within DECODE_WORK_SLACK of the best target's.
         shorter = (candidates <= candidates[best]) & (work <= work[best] * (1.0 + DECODE_WORK_SLACK))
         return float(np.min(candidates[shorter]))
+
+    def _exact_chunk_ms(self, history: int, remaining: int, target_ms: float, fixed_ms: float, limit: int) -> list:
+        """The batch times of one prefill chunked alone, step by step as ``StepBudget`` grants (at most ``limit``)."""
+        model, floor = self.model, self.limits.floor_tokens
+        budget_ms = target_ms * (1.0 + 1e-9) - fixed_ms
+        times: list[float] = []
+        while remaining > 0 and len(times) < limit:
+            wanted = self.wanted_chunk(history, remaining, target_ms)
+            chunk = min(wanted, self.chunk_within(history, budget_ms, remaining))
+            chunk = max(chunk, min(wanted, floor)) if fixed_ms > model.c0_ms else max(chunk, wanted)
+            if chunk <= 0:
+                break
+            times.append(fixed_ms + model.request_ms(chunk, history))
+            history, remaining = history + chunk, remaining - chunk
+        return times if remaining <= 0 else []
+
+    def _refine_for_few_chunks(
+        self,
+        held: Sequence[tuple[int, int]],
+        target_ms: float,
+        low: float,
+        high: float,
+        fixed_ms: float,
+        inflight_ms: float,
+    ) -> float:
+        """Counting chunks as a continuous quantity misjudges the last one, by up to a few percent
+        when a prefill has few chunks: between the targets at which its chunk count steps, the
+        predicted TTFT rises with the target, so the best target is one of those steps. Compare,
+        chunk by chunk, the target found with the least targets at which the first prefill fits
+        in one chunk fewer, as many, or one more."""
+
+        def exact_cost(target: float) -> tuple[float, int]:
+            total, cumulative, largest, first_chunks = 0.0, 0.0, inflight_ms, 0
+            for history, remaining in held:
+                times = self._exact_chunk_ms(history, remaining, target, fixed_ms, EXACT_MAX_CHUNKS)
+                if not times:
+                    return math.inf, EXACT_MAX_CHUNKS + 1
+                first_chunks = first_chunks or len(times)
+                cumulative += sum(times)
+                total += cumulative
+                largest = max(largest, *times)
+            return total / len(held) + (self.num_stages - 1) * largest, first_chunks
+
+        first_history, first_remaining = held[0]
+
+        def first_fits(target: float, count: int) -> bool:
+            return bool(self._exact_chunk_ms(first_history, first_remaining, target, fixed_ms, count))
+
+        best_cost, chunks = exact_cost(target_ms)
+        if chunks > EXACT_MAX_CHUNKS:
+            return target_ms
+        best_target = target_ms
+        for count in range(max(1, chunks - 1), min(chunks + 1, EXACT_MAX_CHUNKS) + 1):
+            if not first_fits(high, count):
+                continue
+            lo_ms, hi_ms = low, high  # the least target at which the first prefill takes <= count chunks
+            for _ in range(_STEP_SEARCH_ROUNDS):
+                middle = math.sqrt(lo_ms * hi_ms)
+                lo_ms, hi_ms = (lo_ms, middle) if first_fits(middle, count) else (middle, hi_ms)
+            cost = exact_cost(hi_ms)[0]
+            if cost < best_cost:
+                best_cost, best_target = cost, hi_ms
+        return best_target
 
     def _predicted_ttft_ms(
         self,
@@ -285,7 +352,9 @@ class StepBudget:
         rule, target_ms = self.rule, self.target_ms
         wanted = rule.wanted_chunk(history_tokens, remaining_tokens, target_ms)
         # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.
-        chunk = min(wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens))
+        chunk = min(
+            wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens)
+        )
         if (
             wanted == remaining_tokens
             and chunk < remaining_tokens

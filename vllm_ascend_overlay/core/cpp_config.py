@@ -56,12 +56,13 @@ class CppConfig:
     cache_dir: str = setting(
         "~/.cache/vllm_ascend/cpp", 'where fitted profiles are kept; `""` or null keeps none', nullable=True
     )
-    profile_points: int = setting(64, "chunk sizes profiled, from the base chunk down towards 0", low=8, high=1024)
+    profile_points: int = setting(64, "chunk sizes profiled, from the base chunk down towards 0", low=16, high=1024)
     profile_repeats: int = setting(3, "runs per profiled size; the median is kept", low=1, high=16)
     profile_history_points: int = setting(
         4,
-        "history lengths profiled, each with two chunk sizes (a half and an eighth of the base chunk)",
-        low=0,
+        "history lengths profiled, each with two chunk sizes (a half and an eighth of the base chunk); a model "
+        "is used only where its samples reach at least half the history the scheduler will see",
+        low=2,
         high=64,
     )
     timing_every: int = setting(

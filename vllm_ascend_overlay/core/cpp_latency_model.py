@@ -38,6 +38,7 @@ OUTLIER_MIN_RELATIVE_ERROR = 0.10
 OUTLIER_ROBUST_SIGMAS = 5.0
 OUTLIER_MAX_FRACTION = 0.25
 NUM_FEATURES = 5  # [1, sum C, sum H, sum C^2, sum C*H]
+MAX_TOKENS = 1e9  # no chunk or history is longer; C^2 and C*H stay far from overflow
 
 
 class FitError(ValueError):
@@ -155,6 +156,8 @@ class LatencyModel:
             raise FitError("chunk_tokens and history_tokens must be finite")
         if np.any(chunks <= 0) or np.any(histories < 0):
             raise FitError("chunk_tokens must be > 0 and history_tokens >= 0")
+        if np.any(chunks > MAX_TOKENS) or np.any(histories > MAX_TOKENS):
+            raise FitError(f"chunk_tokens and history_tokens must be <= {MAX_TOKENS:g} (no context is longer)")
         features = np.column_stack([np.ones_like(chunks), chunks, histories, chunks * chunks, chunks * histories])
         return cls.fit_features(features, latencies)
 
@@ -268,30 +271,31 @@ class LatencyModel:
 STABILITY_FOLDS = 8
 MAX_DOMAIN_SPREAD = 0.25  # a refit without one fold may move a predicted time by at most this share
 MAX_SAMPLE_MS = 1e7  # a profile sample above ~3 hours is not a measurement
+MIN_HISTORY_COVERAGE = 0.5  # the samples must reach this share of the history range the scheduler uses
 
 
-def _domain(max_chunk_tokens: int, max_history_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    chunks = np.unique(np.geomspace(16, max(16, max_chunk_tokens), 6).round())
+def _domain(min_chunk_tokens: float, max_chunk_tokens: int, max_history_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    low = max(1.0, min(min_chunk_tokens, max_chunk_tokens))
+    chunks = np.unique(np.geomspace(low, max(low, max_chunk_tokens), 6).round())
     histories = np.linspace(0, max(0, max_history_tokens), 5).round()
     grid_c, grid_h = np.meshgrid(chunks, histories)
     return grid_c.ravel(), grid_h.ravel()
 
 
-def accept(
-    samples: Sequence[Sequence[float]], *, max_chunk_tokens: int, max_history_tokens: int
-) -> LatencyModel:
+def accept(samples: Sequence[Sequence[float]], *, max_chunk_tokens: int, max_history_tokens: int) -> LatencyModel:
     """The model of (chunk_tokens, history_tokens, latency_ms) samples, if it may be used; else FitError.
 
     Besides ``LatencyModel.fit``'s own rules, the fit must be stable over the range the
-    scheduler will use (chunks up to ``max_chunk_tokens``, histories up to
-    ``max_history_tokens``): the distinct points are split into ``STABILITY_FOLDS``
-    interleaved folds, the model is refitted without each fold, and every refit must
-    predict every point of that range within ``MAX_DOMAIN_SPREAD`` of the full fit. A
-    handful of noisy points, or points far from where the model is used, fail here.
+    scheduler will use (chunks from the smallest measured one up to ``max_chunk_tokens``,
+    histories up to ``max_history_tokens``): the distinct points are split into
+    ``STABILITY_FOLDS`` interleaved folds, the model is refitted without each fold, and
+    every refit must predict every point of that range within ``MAX_DOMAIN_SPREAD`` of
+    the full fit. A handful of noisy points, or points far from where the model is used,
+    fail here.
     """
     try:
         rows = [(float(c), float(h), float(t)) for c, h, t in samples]
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise FitError(f"samples must be (chunk_tokens, history_tokens, latency_ms) numbers: {error}") from None
     if any(not t < MAX_SAMPLE_MS for _, _, t in rows):
         raise FitError(f"a latency sample is not below {MAX_SAMPLE_MS:g} ms")
@@ -299,10 +303,16 @@ def accept(
         raise FitError("no samples")
     chunks, histories, latencies = (np.array(column) for column in zip(*rows, strict=True))
     model = LatencyModel.fit(chunks, histories, latencies)
+    if max_history_tokens > 0 and not np.max(histories) >= MIN_HISTORY_COVERAGE * max_history_tokens:
+        raise FitError(
+            f"the samples' history reaches {int(np.max(histories))} tokens, under "
+            f"{MIN_HISTORY_COVERAGE:.0%} of the {max_history_tokens} the scheduler will see: the history terms "
+            "would be guessed; profile history lengths (profile_history_points >= 2)"
+        )
     points = sorted({(c, h) for c, h in zip(chunks, histories, strict=True)}, key=lambda p: (p[1], p[0]))
     fold_of = {point: index % STABILITY_FOLDS for index, point in enumerate(points)}
     folds = np.array([fold_of[(c, h)] for c, h in zip(chunks, histories, strict=True)])
-    grid_c, grid_h = _domain(max_chunk_tokens, max_history_tokens)
+    grid_c, grid_h = _domain(float(np.min(chunks)), max_chunk_tokens, max_history_tokens)
     full = model.time_ms(grid_c, grid_h)
     for fold in range(min(STABILITY_FOLDS, len(points))):
         keep = folds != fold

@@ -22,7 +22,14 @@ from typing import Any
 
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
-__all__ = ["PROFILE_SCHEMA_VERSION", "ProfileCacheError", "cache_file", "fingerprint_for", "load_profile", "save_profile"]
+__all__ = [
+    "PROFILE_SCHEMA_VERSION",
+    "ProfileCacheError",
+    "cache_file",
+    "fingerprint_for",
+    "load_profile",
+    "save_profile",
+]
 
 PROFILE_SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 4 << 20  # a profile of a few thousand samples is ~100 kB
@@ -182,4 +189,6 @@ def load_profile(path: str | os.PathLike, *, fingerprint: Mapping, base_chunk_to
     try:
         return [(int(c), int(h), float(ms)) for c, h, ms in samples]
     except (TypeError, ValueError, OverflowError) as error:
-        raise ProfileCacheError(f"samples must be [chunk_tokens, history_tokens, latency_ms] numbers: {error}") from None
+        raise ProfileCacheError(
+            f"samples must be [chunk_tokens, history_tokens, latency_ms] numbers: {error}"
+        ) from None

@@ -32,7 +32,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.logger import init_logger
-
 from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
 
@@ -157,7 +156,9 @@ def initialise_profile(
     source = f"profiled ({len(plan)} runs after {WARMUP_RUNS} warm-up)"
     if path is not None:
         try:
-            save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, model=model, samples=samples)
+            save_profile(
+                path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, model=model, samples=samples
+            )
             source += f", saved to {path}"
         except OSError as error:
             logger.warning("[CPP] could not save the profile to %s: %s", path, error)

@@ -36,7 +36,6 @@ from typing import Any
 
 from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, PLAN_MAX_PREFILLS, ChunkLimits, ChunkRule, StepBudget
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
@@ -178,7 +177,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         decode rides in one batch of every P (its next token needs the last one back), so
         a batch carries 1/P of their cost.
         """
-        waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting)]
+        waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
         key = (tuple(r.request_id for r in running_prefills), tuple(r.request_id for r in waiting))
         if key == self._cpp_plan_key:
             return

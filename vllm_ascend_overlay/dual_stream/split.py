@@ -8,9 +8,10 @@ with ``0 < k < num_requests``; micro-batch 0 holds requests ``[0, k)`` and token
 request's attention inside one micro-batch, so the two halves are independent batches.
 
 Strategies (those of the Qwen3-dense dual-stream proposal, vllm-ascend PR #1699):
-``half_batch`` takes ``k = num_requests // 2``; ``token_balanced`` takes the ``k`` whose ``cu[k-1]`` is closest to ``total / 2`` and
-refuses when ``|len1 - len2| / min(len1, len2) > balance_threshold``. Both refuse when
-either micro-batch would be shorter than ``length_threshold`` tokens.
+``half_batch`` takes ``k = num_requests // 2``; ``token_balanced`` takes the ``k`` whose
+``cu[k-1]`` is closest to ``total / 2`` and refuses when
+``|len1 - len2| / min(len1, len2) > balance_threshold``. Both refuse when either
+micro-batch would be shorter than ``length_threshold`` tokens.
 
 Pure torch and stdlib: no NPU import, so it runs and is tested on CPU.
 """

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from . import policies as pol
-from .optimum import Optimum, optimum
 from .engine import MAX_NUM_SEQS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
+from .optimum import Optimum, optimum
 from .report import Figures, figures_from_result, format_table
 from .surface import load_surface
 from .workloads import Workload, long_prompt, mixed
@@ -308,6 +308,8 @@ def case_optimum(surface, setup: pol.Setup) -> Optimum | None:
     if setup.layers:
         shares = [n / sum(setup.layers) for n in setup.layers]
     return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares)
+
+
 def run_problems(results: Sequence[dict[str, Any]], num_stages: int) -> list[str]:
     """Why a case's figures cannot be trusted: a policy failed, ran incomplete or gave an invalid figure."""
     problems = []

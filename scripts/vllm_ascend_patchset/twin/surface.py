@@ -14,7 +14,8 @@ and attention over the chunk's own tokens and its history:
 
 Sources: ``QuadraticSurface`` (coefficients), ``GridSurface`` (a CSV of measured
 ``chunk_tokens,history_tokens,ms``; bilinear inside the measured grid, continued
-outside it by the least-squares fit's growth, without a jump at the edge), or a profile JSON saved by the engine (``load_surface``).
+outside it by the least-squares fit's growth, without a jump at the edge), or a profile
+JSON saved by the engine (``load_surface``).
 ``StageTimer`` splits a batch's time over P stages by layer share, with optional
 multiplicative noise, seeded so that runs repeat.
 """

@@ -64,8 +64,8 @@ def start_step_timing(runner: Any, scheduler_output: Any, intermediate_tensors: 
     runner._cpp_step_start = time.perf_counter()
 
 
-def _stop_step_timing(runner: Any) -> float | None:
-    """max(earlier stages, this stage's own time) in ms, or None if this step is not timed."""
+def stop_step_timing(runner: Any) -> float | None:
+    """Stop the clock: max(earlier stages, this stage's own time) in ms, or None if this step is not timed."""
     start = getattr(runner, "_cpp_step_start", None)
     if start is None:
         return None
@@ -77,7 +77,7 @@ def _stop_step_timing(runner: Any) -> float | None:
 
 def finish_stage_timing(runner: Any, intermediate_tensors: Any) -> None:
     """On a PP rank before the last, when its output tensors are ready: carry the slowest time on."""
-    slowest_ms = _stop_step_timing(runner)
+    slowest_ms = stop_step_timing(runner)
     if slowest_ms is None:
         return
     import torch
@@ -88,7 +88,7 @@ def finish_stage_timing(runner: Any, intermediate_tensors: Any) -> None:
 
 def finish_step_timing(runner: Any, model_runner_output: Any) -> None:
     """On the last rank, when the sampled output is built: the slowest stage's time in ms."""
-    slowest_ms = _stop_step_timing(runner)
+    slowest_ms = stop_step_timing(runner)
     if slowest_ms is not None:
         model_runner_output.execution_time_ms = slowest_ms
 

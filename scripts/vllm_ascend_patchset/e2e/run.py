@@ -1,0 +1,277 @@
+"""Servers, the TTFT client, the smoke test and the benchmark of end-to-end CPP on the CPU engine.
+
+    python -m vllm_ascend_patchset.e2e.run smoke   # CI: ours profiles, serves, restarts from the cache
+    python -m vllm_ascend_patchset.e2e.run bench   # fixed chunks, upstream's CPP and ours, side by side
+
+Run with the e2e environment's Python (scripts/setup_e2e_env.sh). Every server binds
+127.0.0.1, runs in a session of its own, is bounded in time, and is stopped through its
+own PID (its process group), then checked for leftover processes and /dev/shm files. A
+failure prints the tail of the server's log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..twin.policies import ROOT, SCRIPTS_DIR
+from .model import TINY_QWEN3, write_tiny_qwen3
+
+sys.path.insert(0, str(SCRIPTS_DIR / "bench"))
+import serve_ab  # noqa: E402  (scripts/bench: start, wait for /health, stop a server's process group)
+
+E2E_CACHE = Path(os.environ.get("E2E_CACHE", ROOT / ".cache" / "e2e"))
+PIPELINE_STAGES = 2
+MAX_MODEL_LEN = 33792  # a 32k prompt plus its output
+READY_TIMEOUT_S = 900.0
+REQUEST_TIMEOUT_S = 600.0
+STOP_GRACE_S = 60.0
+OURS_SCHEDULER = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
+UPSTREAM_SCHEDULER = OURS_SCHEDULER  # the same path in the pristine tree
+WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
+# Fewer profiling runs than the NPU defaults (64 sizes x 3 + history): two CPU cores.
+OURS_PROFILE = {"profile_points": 12, "profile_repeats": 3, "profile_history_points": 3}
+PROFILED_RE = re.compile(r"\[CPP\] latency model .* from (profiled .*|cache .*)")
+WORKER_PROFILE_MARK = "[CPP e2e] start-up profiling run"
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    kind: str  # fixed | upstream | ours
+    chunk_tokens: int
+    cpp_options: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+def fixed(chunk_tokens: int) -> Policy:
+    return Policy(f"fixed-{chunk_tokens}", "fixed", chunk_tokens)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(policy: Policy, model_dir: Path, port: int, profile_dir: Path) -> list[str]:
+    """``vllm serve`` for ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
+    cpp = {"fixed": "none"}.get(policy.kind, policy.kind)
+    command = [sys.executable, "-m", "vllm_ascend_patchset.e2e.serve", "--cpp", cpp, "--", str(model_dir)]
+    command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
+    command += ["--pipeline-parallel-size", str(PIPELINE_STAGES), "--enable-chunked-prefill"]
+    command += ["--max-num-batched-tokens", str(policy.chunk_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
+    command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
+    command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
+    if policy.kind != "fixed":
+        config = {"enabled": True, **policy.cpp_options}
+        if policy.kind == "ours":
+            config["cache_dir"] = str(profile_dir)
+        command += ["--scheduler-cls", OURS_SCHEDULER, "--worker-extension-cls", WORKER_EXTENSION]
+        command += ["--additional-config", json.dumps({"profiling_chunk_config": config})]
+    return command
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="2",  # GiB
+        VLLM_CPU_OMP_THREADS_BIND="0|1",  # one core per pipeline stage
+        VLLM_CACHE_ROOT=str(E2E_CACHE / "vllm-cache"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SCRIPTS_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+class Server:
+    """One ``vllm serve`` process group with its log; a context manager that always stops it."""
+
+    def __init__(self, policy: Policy, model_dir: Path, log_path: Path, profile_dir: Path) -> None:
+        self.policy = policy
+        self.port = free_port()
+        self.log_path = log_path
+        self.command = serve_command(policy, model_dir, self.port, profile_dir)
+        self.proc: subprocess.Popen | None = None
+        self._shm_before: set[str] = set()
+        self.leftovers: list[str] = []
+
+    def __enter__(self) -> Server:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._shm_before = _shm_entries()
+        log = self.log_path.open("w")
+        self.proc = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+        )
+        log.close()
+        started = time.monotonic()
+        try:
+            serve_ab.wait_ready(self.proc, f"http://127.0.0.1:{self.port}/health", READY_TIMEOUT_S, poll_s=2.0)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_s = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGINT to the process group (vLLM's own clean shutdown), SIGKILL after a grace period."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        serve_ab.stop_server(self.proc, signal.SIGINT, grace_s=STOP_GRACE_S, kill_wait_s=30.0)
+        deadline = time.monotonic() + 30.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.5)  # workers exit a moment after the API server
+        if _group_alive(pgid):
+            self.leftovers.append(f"processes of group {pgid} still running after the stop")
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        new_shm = sorted(_shm_entries() - self._shm_before)
+        if new_shm:
+            self.leftovers.append(f"/dev/shm entries left: {new_shm}")
+        self.proc = None
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _shm_entries() -> set[str]:
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def prompt_ids(length: int, index: int, vocab_size: int, seed: int = 0) -> list[int]:
+    """Unique token ids for request ``index`` (no prefix-cache hits between requests)."""
+    rng = random.Random(f"{seed}:{length}:{index}")
+    return [rng.randrange(3, vocab_size) for _ in range(length)]
+
+
+def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:
+    """One streamed completion: TTFT and TPOT in seconds, as the client sees them."""
+    body = json.dumps(
+        {"model": "tiny-qwen3", "prompt": token_ids, "max_tokens": max_tokens, "min_tokens": max_tokens,
+         "ignore_eos": True, "stream": True, "temperature": 0.0}
+    )  # fmt: skip
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    try:
+        started = time.perf_counter()
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        if response.status != 200:
+            raise RuntimeError(f"completion failed: HTTP {response.status}: {response.read()[:500]!r}")
+        token_times = []
+        for raw in response:
+            line = raw.strip()
+            if line.startswith(b"data:") and line != b"data: [DONE]":
+                chunk = json.loads(line[5:])
+                if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
+                    token_times.append(time.perf_counter() - started)
+    finally:
+        conn.close()
+    if not token_times:
+        raise RuntimeError("completion returned no tokens")
+    tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else 0.0
+    return {"ttft_s": token_times[0], "tpot_s": tpot, "tokens": len(token_times)}
+
+
+def profile_source(log: str) -> str | None:
+    """Where the CPP latency model came from, per the engine's log line (None: no model)."""
+    match = PROFILED_RE.search(log)
+    return match.group(1) if match else None
+
+
+# --------------------------------------------------------------------------- smoke
+def smoke(args: argparse.Namespace) -> int:
+    """Ours comes up, profiles, serves a long prompt; a restart adopts the cache; both stop cleanly."""
+    started = time.monotonic()
+    work = E2E_CACHE / "smoke"
+    shutil.rmtree(work, ignore_errors=True)
+    model_dir = write_tiny_qwen3(E2E_CACHE / "model")
+    profile_dir = work / "profiles"
+    policy = Policy("ours", "ours", args.chunk, dict(OURS_PROFILE))
+    failures: list[str] = []
+    for attempt, expect in ((1, "profiled"), (2, "cache")):
+        server = Server(policy, model_dir, work / f"server-{attempt}.log", profile_dir)
+        try:
+            with server:
+                log = server.log_text()
+                source = profile_source(log)
+                worker_runs = log.count(WORKER_PROFILE_MARK)
+                result = complete(server.port, prompt_ids(args.prompt_tokens, attempt, TINY_QWEN3["vocab_size"]), 4)
+                print(
+                    f"smoke {attempt}: ready in {server.ready_s:.0f} s; latency model from {source}; "
+                    f"workers logged {worker_runs} profiling runs; {args.prompt_tokens}-token prompt: "
+                    f"TTFT {result['ttft_s']:.2f} s, {result['tokens']} tokens",
+                    flush=True,
+                )
+                if source is None or not source.startswith(expect):
+                    failures.append(f"start {attempt}: expected a latency model from {expect}, got {source}")
+                if (worker_runs == 0) == (expect == "profiled"):
+                    failures.append(f"start {attempt}: {worker_runs} worker profiling runs logged")
+        except Exception as error:
+            failures.append(f"start {attempt}: {type(error).__name__}: {error}")
+        failures += [f"start {attempt}: {leftover}" for leftover in server.leftovers]
+        if failures:
+            print(f"--- tail of {server.log_path} ---\n{server.log_tail()}", file=sys.stderr)
+            break
+    saved = sorted(p.name for p in profile_dir.glob("cpp-profile-*.json"))
+    print(f"smoke: profiles saved {saved}; {time.monotonic() - started:.0f} s")
+    for failure in failures:
+        print(f"smoke: FAIL {failure}", file=sys.stderr)
+    print(f"{2 - min(2, len(failures))} passed, {min(2, len(failures))} failed")
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vllm_ascend_patchset.e2e.run", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_smoke = sub.add_parser("smoke", help="CI smoke test: profile, serve, restart from the cache, stop cleanly")
+    p_smoke.add_argument("--chunk", type=int, default=2048, help="max_num_batched_tokens / CPP base chunk")
+    p_smoke.add_argument("--prompt-tokens", type=int, default=16384)
+    p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
+    from . import bench
+
+    bench.add_arguments(p_bench)
+    args = parser.parse_args(argv)
+    if args.command == "smoke":
+        return smoke(args)
+    return bench.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,61 +7,17 @@ an untimed step must add nothing to what is sent and no device synchronisation.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
-
-import conftest
 import pytest
 from cpp_engine.pp_timing_worker import STEPS
+from rank_processes import run_ranks
 
 WORLD = 3
 TIMEOUT_S = 240
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def pp_runs(tmp_path_factory):
-    work = tmp_path_factory.mktemp("cpp_pp_timing")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(conftest.ASSEMBLED), str(conftest.ROOT / "tests"), env.get("PYTHONPATH", "")]
-    )
-    port = _free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "cpp_engine.pp_timing_worker", str(rank), str(WORLD), str(port)]
-            + [str(work / f"rank{rank}.json")],
-            env=env,
-            cwd=work,
-            stderr=subprocess.PIPE,
-        )
-        for rank in range(WORLD)
-    ]
-    stderr = []
-    try:
-        for proc in procs:
-            stderr.append(proc.communicate(timeout=TIMEOUT_S)[1].decode(errors="replace"))
-    finally:
-        for proc in procs:  # never leave a rank behind (a hung send or receive)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    results = []
-    for rank in range(WORLD):
-        path = work / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote no result:\n{stderr[rank][-4000:]}"
-        result = json.loads(path.read_text())
-        assert not result["errors"], f"rank {rank} failed:\n" + "\n".join(result["errors"])
-        results.append(result)
-    return results
+    return run_ranks("cpp_engine.pp_timing_worker", WORLD, tmp_path_factory.mktemp("cpp_pp_timing"), TIMEOUT_S)
 
 
 def test_timed_steps_report_the_slowest_stage(pp_runs):

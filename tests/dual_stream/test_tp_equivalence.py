@@ -9,13 +9,9 @@ backend; plus a batch whose split the length threshold refuses, and a mutated sc
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
-import conftest
 import pytest
+from rank_processes import run_ranks
 
 TOLERANCE = 1e-4  # fp32, relative to the output scale
 WORLD = 2
@@ -40,46 +36,13 @@ CONFIG_JSON = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory):
     work = tmp_path_factory.mktemp("dual_stream_tp")
     model_dir = work / "tiny-qwen3"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(CONFIG_JSON))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(conftest.ASSEMBLED), str(conftest.ROOT / "tests"), env.get("PYTHONPATH", "")]
-    )
-    port = _free_port()
-    procs = []
-    for rank in range(WORLD):
-        cmd = [sys.executable, "-m", "dual_stream.tp_worker", str(rank), str(WORLD), str(port), str(model_dir)]
-        procs.append(
-            subprocess.Popen([*cmd, str(work / f"rank{rank}.json")], env=env, cwd=work, stderr=subprocess.PIPE)
-        )
-    stderr = []
-    try:
-        for proc in procs:
-            stderr.append(proc.communicate(timeout=TIMEOUT_S)[1].decode(errors="replace"))
-    finally:
-        for proc in procs:  # never leave a rank behind (a hung collective)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    results = []
-    for rank in range(WORLD):
-        path = work / f"rank{rank}.json"
-        assert path.exists(), f"rank {rank} wrote no result:\n{stderr[rank][-4000:]}"
-        result = json.loads(path.read_text())
-        assert not result["errors"], f"rank {rank} failed:\n" + "\n".join(result["errors"])
-        results.append(result)
-    return results
+    return run_ranks("dual_stream.tp_worker", WORLD, work, TIMEOUT_S, [str(model_dir)])
 
 
 def _runs(results, **match):

@@ -24,7 +24,7 @@ def _flag(command: list[str], name: str) -> str:
 
 
 def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path):
-    ours = run.serve_command(run.Policy("ours", "ours", 2048, {"profile_points": 8}), tmp_path, 1234, tmp_path / "p")
+    ours = run.serve_command(run.ours(2048), tmp_path, 1234, tmp_path / "p")
     fixed = run.serve_command(run.fixed(512), tmp_path, 1235, tmp_path / "p")
     for command in (ours, fixed):
         assert _flag(command, "--host") == "127.0.0.1" and _flag(command, "--pipeline-parallel-size") == "2"
@@ -34,7 +34,10 @@ def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path
     assert _flag(ours, "--scheduler-cls") == run.OURS_SCHEDULER
     assert _flag(ours, "--worker-extension-cls") == run.WORKER_EXTENSION
     config = json.loads(_flag(ours, "--additional-config"))["profiling_chunk_config"]
-    assert config == {"enabled": True, "profile_points": 8, "cache_dir": str(tmp_path / "p")}
+    assert config == {"enabled": True, **run.OURS_PROFILE, "cache_dir": str(tmp_path / "p")}
+    upstream = run.serve_command(run.upstream(2048), tmp_path, 1236, tmp_path / "p")
+    assert _flag(upstream, "--cpp") == "upstream" and _flag(upstream, "--scheduler-cls") == run.UPSTREAM_SCHEDULER
+    assert "cache_dir" not in _flag(upstream, "--additional-config")
 
 
 def test_prompts_are_unique_per_request_and_repeatable():
@@ -51,6 +54,7 @@ def test_prompts_are_unique_per_request_and_repeatable():
         ("(EngineCore pid=1) INFO [CPP] latency model t = ...; from cache /p/cpp-profile-ab.json",
          "cache /p/cpp-profile-ab.json"),
         ("[ProfilingChunk] start-up profile rejected (fit error too large)", None),
+        ("[ProfilingChunk] Profiling completed successfully", run.UPSTREAM_PROFILED),
     ],
 )  # fmt: skip
 def test_profile_source_is_read_from_the_engine_log(line, source):

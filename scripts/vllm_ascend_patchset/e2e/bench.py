@@ -50,9 +50,9 @@ def policies_for(args: argparse.Namespace) -> list[e2e.Policy]:
         raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from fixed,upstream,ours")
     out = [e2e.fixed(int(c)) for c in args.fixed.split(",") if c.strip()] if "fixed" in wanted else []
     if "upstream" in wanted:
-        out.append(e2e.Policy("upstream-cpp", "upstream", args.chunk))
+        out.append(e2e.upstream(args.chunk))
     if "ours" in wanted:
-        out.append(e2e.Policy("ours", "ours", args.chunk, dict(e2e.OURS_PROFILE)))
+        out.append(e2e.ours(args.chunk))
     return out
 
 
@@ -99,7 +99,7 @@ def twin_prediction(args: argparse.Namespace, profile: Path, prompts: list[int])
     command = [args.twin_python, "-m", "vllm_ascend_patchset.e2e.twin_predict", "--surface", str(profile)]
     command += ["--stages", str(e2e.PIPELINE_STAGES), "--prompts", ",".join(map(str, prompts))]
     command += ["--fixed", args.fixed, "--chunk", str(args.chunk), "--policies", args.policies]
-    command += ["--ours-options", json.dumps(e2e.OURS_PROFILE), "--json", str(out)]
+    command += ["--json", str(out)]
     env = {**e2e.server_env(), "PYTHONPATH": str(e2e.SCRIPTS_DIR)}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, timeout=1800)
     return {name: {int(k): v for k, v in by_len.items()} for name, by_len in json.loads(out.read_text()).items()}

@@ -23,11 +23,11 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..twin.policies import ROOT, SCRIPTS_DIR
+from ..twin import policies as twin_policies
+from ..twin.policies import ROOT, SCRIPTS_DIR, Policy
 from .model import TINY_QWEN3, write_tiny_qwen3
 
 sys.path.insert(0, str(SCRIPTS_DIR / "bench"))
@@ -46,18 +46,18 @@ WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
 OURS_PROFILE = {"profile_points": 12, "profile_repeats": 3, "profile_history_points": 3}
 PROFILED_RE = re.compile(r"\[CPP\] latency model .* from (profiled .*|cache .*)")
 WORKER_PROFILE_MARK = "[CPP e2e] start-up profiling run"
+UPSTREAM_PROFILED_MARK = "[ProfilingChunk] Profiling completed successfully"
+UPSTREAM_PROFILED = "profiled (upstream's start-up profiling)"
 
 
-@dataclass(frozen=True)
-class Policy:
-    name: str
-    kind: str  # fixed | upstream | ours
-    chunk_tokens: int
-    cpp_options: dict[str, Any] = field(default_factory=dict, hash=False)
+# The servers run the twin's policies, so that names and settings match its prediction.
+fixed = twin_policies.fixed
+upstream = twin_policies.upstream
 
 
-def fixed(chunk_tokens: int) -> Policy:
-    return Policy(f"fixed-{chunk_tokens}", "fixed", chunk_tokens)
+def ours(chunk_tokens: int) -> Policy:
+    """Ours with the e2e profiling settings (the twin predicts with the same)."""
+    return twin_policies.ours(chunk_tokens, **OURS_PROFILE)
 
 
 def free_port() -> int:
@@ -67,18 +67,19 @@ def free_port() -> int:
 
 
 def serve_command(policy: Policy, model_dir: Path, port: int, profile_dir: Path) -> list[str]:
-    """``vllm serve`` for ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
+    """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
     cpp = {"fixed": "none"}.get(policy.kind, policy.kind)
     command = [sys.executable, "-m", "vllm_ascend_patchset.e2e.serve", "--cpp", cpp, "--", str(model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
     command += ["--pipeline-parallel-size", str(PIPELINE_STAGES), "--enable-chunked-prefill"]
-    command += ["--max-num-batched-tokens", str(policy.chunk_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
+    command += ["--max-num-batched-tokens", str(policy.max_num_batched_tokens)]
+    command += ["--max-model-len", str(MAX_MODEL_LEN)]
     command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     if policy.kind != "fixed":
-        config = {"enabled": True, **policy.cpp_options}
+        config = dict(policy.additional_config["profiling_chunk_config"])
         if policy.kind == "ours":
-            config["cache_dir"] = str(profile_dir)
+            config["cache_dir"] = str(profile_dir)  # the twin's runs keep none; a server keeps its profile
         command += ["--scheduler-cls", OURS_SCHEDULER, "--worker-extension-cls", WORKER_EXTENSION]
         command += ["--additional-config", json.dumps({"profiling_chunk_config": config})]
     return command
@@ -90,6 +91,7 @@ def server_env() -> dict[str, str]:
         VLLM_CPU_KVCACHE_SPACE="2",  # GiB
         VLLM_CPU_OMP_THREADS_BIND="0|1",  # one core per pipeline stage
         VLLM_CACHE_ROOT=str(E2E_CACHE / "vllm-cache"),
+        VLLM_PLUGINS="",  # the pristine tree carries vllm_ascend's dist-info: never load its NPU platform
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         VLLM_NO_USAGE_STATS="1",
@@ -212,7 +214,9 @@ def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, floa
 def profile_source(log: str) -> str | None:
     """Where the CPP latency model came from, per the engine's log line (None: no model)."""
     match = PROFILED_RE.search(log)
-    return match.group(1) if match else None
+    if match:
+        return match.group(1)
+    return UPSTREAM_PROFILED if UPSTREAM_PROFILED_MARK in log else None
 
 
 # --------------------------------------------------------------------------- smoke
@@ -223,7 +227,7 @@ def smoke(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     model_dir = write_tiny_qwen3(E2E_CACHE / "model")
     profile_dir = work / "profiles"
-    policy = Policy("ours", "ours", args.chunk, dict(OURS_PROFILE))
+    policy = ours(args.chunk)
     failures: list[str] = []
     for attempt, expect in ((1, "profiled"), (2, "cache")):
         server = Server(policy, model_dir, work / f"server-{attempt}.log", profile_dir)

@@ -1,7 +1,7 @@
 """The twin's prediction for the e2e benchmark's cases, from the profile the engine saved.
 
     python -m vllm_ascend_patchset.e2e.twin_predict --surface PROFILE.json --stages 2 \
-        --prompts 16384,32768 --fixed 512,2048 --chunk 2048 --ours-options '{...}' --json OUT
+        --prompts 16384,32768 --fixed 512,2048 --chunk 2048 --json OUT
 
 Runs with the test environment's Python (the twin's, which has SciPy); prints and writes
 ``{policy: {prompt_tokens: ttft_mean_s}}`` for fixed chunks, upstream's CPP and ours, the
@@ -18,15 +18,17 @@ from pathlib import Path
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
 from ..twin.workloads import long_prompt
+from . import run
 
 
-def predict(surface: str, stages: int, prompts: list[int], fixed: list[int], chunk: int, ours_options: dict,
-            policies: set[str]) -> dict[str, dict[int, float]]:  # fmt: skip
-    wanted = [pol.fixed(c) for c in fixed] if "fixed" in policies else []
+def predict(
+    surface: str, stages: int, prompts: list[int], fixed: list[int], chunk: int, policies: set[str]
+) -> dict[str, dict[int, float]]:
+    wanted = [run.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
-        wanted.append(pol.upstream(chunk))
+        wanted.append(run.upstream(chunk))
     if "ours" in policies:
-        wanted.append(pol.ours(chunk, **ours_options))
+        wanted.append(run.ours(chunk))  # the e2e profiling settings
     cases = [(pol.Setup(surface, stages, long_prompt(tokens)), wanted) for tokens in prompts]
     out: dict[str, dict[int, float]] = {}
     for tokens, results in zip(prompts, pol.run_cases(cases), strict=True):
@@ -44,7 +46,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", required=True)
     p.add_argument("--fixed", default="")
     p.add_argument("--chunk", type=int, required=True)
-    p.add_argument("--ours-options", default="{}")
     p.add_argument("--policies", default="fixed,upstream,ours")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
@@ -54,7 +55,6 @@ def main(argv: list[str] | None = None) -> int:
         [int(v) for v in args.prompts.split(",")],
         [int(v) for v in args.fixed.split(",") if v],
         args.chunk,
-        json.loads(args.ours_options),
         set(args.policies.split(",")),
     )
     args.json.write_text(json.dumps(prediction))

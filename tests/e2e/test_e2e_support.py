@@ -191,3 +191,13 @@ def test_report_flags_twin_errors_and_rankings(capsys):
     twin = {"fixed-512": {16384: 1.5}, "ours": {16384: 1.85}}  # off by 29%, and the order flips
     problems = bench.report(records, [16384], twin)
     assert any("fixed-512: twin/real 0.714" in p for p in problems) and any("ranks" in p for p in problems)
+
+
+def test_uneven_stage_check_reads_the_scheduler_and_worker_lines():
+    """The log formats of the scheduler's timed-step line and the worker extension's profiling line."""
+    scheduler_format = "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms"
+    worker_format = "[CPP e2e] start-up profiling run: %d tokens after %d, %.1f ms (rank %d)"
+    scheduler_line = scheduler_format % (1, 2048, 812.5, 790.25)  # noqa: UP031 (the loggers' own %-formats)
+    worker_line = worker_format % (2048, 0, 401.5, 1)  # noqa: UP031
+    assert run.TIMED_STEP_RE.findall(f"x {scheduler_line} y") == [("2048", "812.50", "790.25")]
+    assert run.PROFILE_RUN_RE.findall(worker_line) == [("2048", "0", "401.5", "1")]

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -104,8 +105,11 @@ def server_env() -> dict[str, str]:
 class Server:
     """One ``vllm serve`` process group with its log; a context manager that always stops it."""
 
-    def __init__(self, policy: Policy, model_dir: Path, log_path: Path, profile_dir: Path) -> None:
+    def __init__(
+        self, policy: Policy, model_dir: Path, log_path: Path, profile_dir: Path, extra_env: dict | None = None
+    ) -> None:
         self.policy = policy
+        self.extra_env = extra_env or {}
         self.port = free_port()
         self.log_path = log_path
         self.command = serve_command(policy, model_dir, self.port, profile_dir)
@@ -118,7 +122,11 @@ class Server:
         self._shm_before = _shm_entries()
         log = self.log_path.open("w")
         self.proc = subprocess.Popen(
-            self.command, stdout=log, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**server_env(), **self.extra_env},
+            start_new_session=True,
         )
         log.close()
         started = time.monotonic()
@@ -261,12 +269,59 @@ def smoke(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+# --------------------------------------------------------------------------- uneven stages
+TIMED_STEP_RE = re.compile(r"\[CPP\] batch of \d+ requests, (\d+) tokens: predicted ([\d.]+) ms, measured ([\d.]+) ms")
+PROFILE_RUN_RE = re.compile(r"start-up profiling run: (\d+) tokens after (\d+), ([\d.]+) ms \(rank (\d+)\)")
+
+
+def uneven_stages(args: argparse.Namespace) -> int:
+    """Ours with uneven stages: what the timed steps report against the profile's prediction.
+
+    The profile records the slowest stage's time; a timed step must report the same
+    quantity. Prints each rank's profiled time of the base chunk (how uneven the stages
+    are) and measured / predicted over the timed steps (about 1 when both are the
+    slowest stage; the heavy stage's share of it if only the last stage were timed).
+    """
+    work = E2E_CACHE / "uneven"
+    shutil.rmtree(work, ignore_errors=True)
+    model_dir = write_tiny_qwen3(E2E_CACHE / "model")
+    extra_env = {"VLLM_PP_LAYER_PARTITION": args.layers, "VLLM_LOGGING_LEVEL": "DEBUG"}
+    server = Server(ours(args.chunk), model_dir, work / "server.log", work / "profiles", extra_env)
+    try:
+        with server:
+            result = complete(server.port, prompt_ids(args.prompt_tokens, 0, TINY_QWEN3["vocab_size"]), 4)
+    except Exception as error:
+        print(f"uneven: FAIL {type(error).__name__}: {error}\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    log = server.log_text()
+    base_ms: dict[int, list[float]] = {}
+    for chunk, history, ms, rank in PROFILE_RUN_RE.findall(log):
+        if int(chunk) == args.chunk and int(history) == 0:
+            base_ms.setdefault(int(rank), []).append(float(ms))
+    steps = [(int(t), float(p), float(m)) for t, p, m in TIMED_STEP_RE.findall(log)]
+    print(f"uneven stages {args.layers}: TTFT {result['ttft_s']:.2f} s for {args.prompt_tokens} tokens")
+    for rank, values in sorted(base_ms.items()):
+        print(f"  rank {rank}: profiled {args.chunk}-token chunk, median {statistics.median(values):.1f} ms")
+    if not steps:
+        print("uneven: FAIL no timed step reached the scheduler", file=sys.stderr)
+        return 1
+    ratios = [measured / predicted for _, predicted, measured in steps if predicted > 0]
+    print(f"  {len(steps)} timed steps: measured / predicted median {statistics.median(ratios):.3f}")
+    for tokens, predicted, measured in steps[:8]:
+        print(f"    {tokens} tokens: predicted {predicted:.1f} ms, measured {measured:.1f} ms")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vllm_ascend_patchset.e2e.run", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_smoke = sub.add_parser("smoke", help="CI smoke test: profile, serve, restart from the cache, stop cleanly")
     p_smoke.add_argument("--chunk", type=int, default=2048, help="max_num_batched_tokens / CPP base chunk")
     p_smoke.add_argument("--prompt-tokens", type=int, default=16384)
+    p_uneven = sub.add_parser("uneven", help="uneven stages: timed steps report the slowest stage")
+    p_uneven.add_argument("--layers", default="3,1", help="layers per stage (VLLM_PP_LAYER_PARTITION)")
+    p_uneven.add_argument("--chunk", type=int, default=2048)
+    p_uneven.add_argument("--prompt-tokens", type=int, default=16384)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     from . import bench
 
@@ -274,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "smoke":
         return smoke(args)
+    if args.command == "uneven":
+        return uneven_stages(args)
     return bench.run(args)
 
 

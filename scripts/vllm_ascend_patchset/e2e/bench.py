@@ -7,12 +7,15 @@ policy and prompt length, the ratios against the best fixed chunk and upstream's
 and the twin's prediction of the same case from the profile ours' engine saved
 (twin/real per case, and whether the twin ranks the policies as the engine does).
 With ``--mixed`` each server also gets vLLM's own ``vllm bench serve`` (random dataset).
+The ``load`` column is the machine's 1-minute load average during that policy's requests:
+on a shared machine, policies served under different load are not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -82,7 +85,7 @@ def serve_policy(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
                 runs = []
                 for repeat in range(args.repeats):
                     ids = e2e.prompt_ids(tokens, repeat, TINY_QWEN3["vocab_size"], seed=1)
-                    runs.append(e2e.complete(server.port, ids, args.output_tokens))
+                    runs.append({**e2e.complete(server.port, ids, args.output_tokens), "load": os.getloadavg()[0]})
                     print(f"  {tokens} tokens #{repeat}: TTFT {runs[-1]['ttft_s']:.2f} s", flush=True)
                 record["runs"][tokens] = runs
             if args.mixed:
@@ -120,15 +123,16 @@ def report(records: list[dict[str, Any]], prompts: list[int], twin: dict[str, di
                 continue
             ttfts = [r["ttft_s"] for r in runs]
             tpot_s = statistics.mean(r["tpot_s"] for r in runs)
-            rows.append((record, statistics.mean(ttfts), statistics.median(ttfts), tpot_s))
+            load = statistics.mean(r.get("load", float("nan")) for r in runs)
+            rows.append((record, statistics.mean(ttfts), statistics.median(ttfts), tpot_s, load))
         fixed_rows = [row for row in rows if row[0]["kind"] == "fixed"]
         best_fixed = min(fixed_rows, key=lambda row: row[1]) if fixed_rows else None
         upstream = next((row for row in rows if row[0]["kind"] == "upstream"), None)
         repeats = len(rows[0][0]["runs"][tokens]) if rows else 0
         print(f"\n== {tokens}-token prompts, PP={e2e.PIPELINE_STAGES}, {repeats} each ==")
         print(f"{'policy':<14}{'TTFT mean s':>12}{'median s':>10}{'TPOT ms':>9}{'vs best fixed':>14}"
-              f"{'vs upstream':>12}{'twin s':>9}{'twin/real':>10}")  # fmt: skip
-        for record, mean_s, median_s, tpot_s in rows:
+              f"{'vs upstream':>12}{'twin s':>9}{'twin/real':>10}{'load':>6}")  # fmt: skip
+        for record, mean_s, median_s, tpot_s, load in rows:
             predicted = twin.get(record["policy"], {}).get(tokens)
             fidelity = predicted / mean_s if predicted else None
             print(
@@ -136,6 +140,7 @@ def report(records: list[dict[str, Any]], prompts: list[int], twin: dict[str, di
                 f"{_ratio(mean_s, best_fixed[1] if best_fixed else None):>14}"
                 f"{_ratio(mean_s, upstream[1] if upstream else None):>12}"
                 f"{predicted if predicted else float('nan'):>9.3f}{fidelity if fidelity else float('nan'):>10.3f}"
+                f"{load:>6.1f}"
             )
             if fidelity is not None and abs(fidelity - 1.0) > FIDELITY_TOLERANCE:
                 problems.append(f"{tokens} tokens, {record['policy']}: twin/real {fidelity:.3f}")

@@ -10,8 +10,10 @@ TARGET ?=
 TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
+E2E_VENV ?= .cache/e2e/venv
+BENCH_E2E_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench clean
+.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench e2e-env e2e bench-e2e clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -50,6 +52,16 @@ bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP, ours a
 	    --workload mixed --stages 4 || exit 1; \
 	done
 	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/predictor.py
+
+e2e-env:          ## vLLM 0.23.0's CPU engine in $(E2E_VENV), apart from .venv (docs/e2e.md)
+	E2E_VENV=$(abspath $(E2E_VENV)) PYTHON=$(PYTHON) bash scripts/setup_e2e_env.sh
+
+e2e: e2e-env assemble  ## smoke: ours on the CPU engine at PP=2 profiles, serves a long prompt, restarts from its cache
+	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run smoke
+
+bench-e2e: venv e2e-env assemble  ## real CPU engine: fixed chunks, upstream's CPP, ours, and the twin's prediction
+	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run bench \
+	  --twin-python $(abspath $(VENV))/bin/python $(BENCH_E2E_ARGS)
 
 lint: venv        ## ruff check + format check through the pre-commit local hooks
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pre-commit run --all-files

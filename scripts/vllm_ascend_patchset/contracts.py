@@ -188,13 +188,30 @@ def _overlay_trees(overlay_dir: Path) -> dict[str, ast.Module]:
     }
 
 
+FLAG_TABLE = "ASCEND_CONFLICTS"  # a module-level table whose entries start with an AscendConfig attribute path
+
+
+def _flag_table_reads(rel: str, tree: ast.Module) -> list[ConfigRead]:
+    """The dotted AscendConfig paths a module lists in its ``ASCEND_CONFLICTS`` table (read by name at run time)."""
+    reads = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if not any(isinstance(t, ast.Name) and t.id == FLAG_TABLE for t in targets):
+            continue
+        for entry in getattr(node.value, "elts", []):
+            first = entry.elts[0] if isinstance(entry, ast.Tuple) and entry.elts else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                reads.append(ConfigRead(tuple(first.value.split(".")), f"{rel}:{first.lineno}"))
+    return reads
+
+
 def overlay_config_reads(overlay_dir: Path, trees: dict[str, ast.Module] | None = None) -> list[ConfigRead]:
     """The longest AscendConfig attribute chains each overlay module reads."""
     reads: list[ConfigRead] = []
     for rel, tree in (trees or _overlay_trees(overlay_dir)).items():
         visitor = _ConfigReads(rel)
         visitor.visit(tree)
-        found = visitor.reads
+        found = visitor.reads + _flag_table_reads(rel, tree)
         # keep a chain only when no longer chain read at the same place extends it
         for read in found:
             longer = any(

@@ -35,16 +35,6 @@ class TargetDiffsError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class _StagedOverlayFile(OverlayFile):
-    """An overlay file as the target gets it (after the target's overlay patches)."""
-
-    staged: Path = Path()
-
-    @property
-    def source(self) -> Path:
-        return self.staged / self.relpath
-
-
 @dataclass
 class TargetDiffs:
     report: PortReport
@@ -138,7 +128,7 @@ def write_target_diffs(
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(work / "ported" / entry.repo_path, dest)
             replaces = entry.replaces and entry.repo_path in files  # one the target dropped is new again
-            entries.append(_StagedOverlayFile(entry.relpath, entry.feature, replaces, staged_overlay))
+            entries.append(OverlayFile(entry.relpath, entry.feature, replaces, overlay_dir=staged_overlay))
             if replaces:
                 (target_files / entry.repo_path).parent.mkdir(parents=True, exist_ok=True)
                 (target_files / entry.repo_path).write_bytes(files[entry.repo_path])

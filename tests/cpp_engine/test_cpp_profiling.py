@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import helpers
-from vllm_ascend.core import cpp_profiling
+from vllm_ascend.core import cpp_profile_store, cpp_profiling
 
 
 def test_plan_follows_the_seed_sizes_with_repeats_and_history_runs():
@@ -70,12 +70,12 @@ def test_fingerprint_names_what_a_profile_depends_on_without_touching_the_device
 
     monkeypatch.setattr(torch, "npu", NoDevice(), raising=False)
     base = helpers.make_vllm_config(tmp_path, max_num_batched_tokens=512)
-    fingerprint = cpp_profiling.fingerprint_for(base)
+    fingerprint = cpp_profile_store.fingerprint_for(base)
     assert fingerprint["model"] == str(tmp_path) and fingerprint["max_num_batched_tokens"] == 512
     assert fingerprint["pipeline_parallel_size"] == 1 and fingerprint["block_size"] == 16
     assert fingerprint["vllm_version"] and fingerprint["vllm_ascend_version"].startswith("0.23.0+")
-    other_budget = cpp_profiling.fingerprint_for(helpers.make_vllm_config(tmp_path, max_num_batched_tokens=1024))
-    files = {cpp_profiling.cache_file("/c", fp) for fp in (fingerprint, other_budget)}
-    assert len(files) == 2 and cpp_profiling.cache_file("/c", fingerprint) == cpp_profiling.cache_file(
+    other_budget = cpp_profile_store.fingerprint_for(helpers.make_vllm_config(tmp_path, max_num_batched_tokens=1024))
+    files = {cpp_profile_store.cache_file("/c", fp) for fp in (fingerprint, other_budget)}
+    assert len(files) == 2 and cpp_profile_store.cache_file("/c", fingerprint) == cpp_profile_store.cache_file(
         "/c", dict(fingerprint)
     )

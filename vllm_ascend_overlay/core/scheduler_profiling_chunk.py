@@ -178,9 +178,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
         a batch carries 1/P of their cost.
         """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
-        key = (tuple(r.request_id for r in running_prefills), tuple(r.request_id for r in waiting))
+        key = tuple(r.request_id for r in running_prefills) + tuple(r.request_id for r in waiting)
         if key == self._cpp_plan_key:
-            return
+            return  # the same prefills in the same order (admission moves one from waiting to running)
         self._cpp_plan_key = key
         held = [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running_prefills]
         held += [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in waiting]

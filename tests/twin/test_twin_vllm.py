@@ -54,7 +54,7 @@ GATES = {
     for stages in (2, 4)
 }
 # Uneven stages (the last one lighter): the profile and the timed steps measure the slowest stage.
-UNEVEN = pol.Setup(SURFACE, 2, long_prompt(24 * 1024), layers=(18, 14))
+UNEVEN = pol.Setup(SURFACE, 2, long_prompt(48 * 1024), layers=(18, 14))
 
 TUNE_SETUP = pol.Setup(SURFACE, 2, long_prompt(16 * 1024))
 TUNE_GRID = {"kind": "upstream", "default_base": CHUNK, "base_chunks": (1024, 4096), "smooth_factors": (0.5, 1.0)}
@@ -74,7 +74,7 @@ def twin():
     cases.append((TUNE_SETUP, [again(c) for c in grid(**TUNE_GRID)]))
     gate_policies = [pol.upstream(GATE_CHUNK)] + ([pol.ours(GATE_CHUNK)] if pol.ours_available() else [])
     cases += [(setup, gate_policies) for setup in GATES.values()]
-    uneven = [pol.ours(CHUNK, max_fit_chunk=8, calibration_window=8)] if pol.ours_available() else []
+    uneven = [pol.ours(CHUNK, max_fit_chunk=8, calibration_window=8, timing_every=1)] if pol.ours_available() else []
     cases.append((UNEVEN, uneven))
     with ThreadPoolExecutor(max_workers=2) as pool:
         tuned = pool.submit(tune, [TUNE_SETUP], **TUNE_GRID)

@@ -3,10 +3,10 @@
 The start-up profile measures single requests on dummy inputs; real steps mix
 requests, carry decodes and run on real data. Timed steps (the slowest stage's compute,
 the same quantity the profile measures) go into a window; every ``refit_every``
-records the model is refitted two ways, on the profile rows plus the window and on the
-window alone, and a candidate is adopted only if it predicts the window better than the
-current model and keeps the reference time (a full chunk without history) within
-``max_shift`` of the current one. A window whose steps are all of about one size (a
+records, if the current model is off by more than 5% on the window, it is refitted two
+ways, on the profile rows plus the window and on the window alone, and a candidate is
+adopted only if it halves the current model's error on the window and keeps the
+reference time (a full chunk without history) within ``max_shift`` of the current one. A window whose steps are all of about one size (a
 series of health checks, one prompt length) is not refitted on: it cannot tell the
 fixed cost from the per-token ones. Without an accepted profile nothing is adopted.
 Rows carry their source (``profile`` or ``step``). Pure numpy; logging through vLLM.
@@ -26,6 +26,7 @@ from vllm_ascend.core.cpp_latency_model import MIN_FIT_POINTS, NUM_FEATURES, Fit
 logger = init_logger(__name__)
 
 PROFILE, STEP = "profile", "step"
+CALIBRATED_ERROR = 0.05  # a model within this mean error on the window is not refitted
 MIN_WINDOW_SPREAD = 2.0  # a refit needs steps whose token counts, or histories, differ by this factor
 
 
@@ -92,6 +93,8 @@ class OnlineCalibration:
         current = self.model
         reference_ms = current.time_ms(self.reference_chunk_tokens, 0)
         best, best_error = current, self.window_error(current)
+        if best_error <= CALIBRATED_ERROR:
+            return None  # the model already predicts these steps: a refit could only overfit them
         for sources in ((PROFILE, STEP), (STEP,)):
             rows = [row for row in self.rows() if row.source in sources]
             try:
@@ -108,7 +111,7 @@ class OnlineCalibration:
                 )
                 continue
             error = self.window_error(candidate)
-            if error < best_error:
+            if error < best_error and error < self.window_error(current) / 2:
                 best, best_error = candidate, error
         if best is current:
             return None

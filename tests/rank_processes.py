@@ -2,7 +2,7 @@
 
 ``run_ranks(module, world, work, timeout_s, extra_args)`` runs
 ``python -m MODULE RANK WORLD PORT *EXTRA_ARGS WORK/rankN.json`` for every rank with the
-assembled tree and tests/ on the path, never leaves a rank running (a rank still running
+assembled tree, tests/ and scripts/ on the path, never leaves a rank running (a rank still running
 at the deadline, a hung collective, is killed and marked ``timed_out``), and returns each
 rank's result with its ``stderr_tail``; a rank that wrote none, or reported ``errors``,
 fails the test with its stderr or its errors.
@@ -31,7 +31,12 @@ def free_port() -> int:
 def run_ranks(module: str, world: int, work: Path, timeout_s: float, extra_args: Sequence[str] = ()) -> list[dict]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(conftest.ASSEMBLED), str(conftest.ROOT / "tests"), env.get("PYTHONPATH", "")]
+        [
+            str(conftest.ASSEMBLED),
+            str(conftest.ROOT / "tests"),
+            str(conftest.ROOT / "scripts"),
+            env.get("PYTHONPATH", ""),
+        ]
     )
     port = free_port()
     procs = []

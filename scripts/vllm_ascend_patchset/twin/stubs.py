@@ -11,6 +11,7 @@ scheduler modules, with given stand-ins set aside meanwhile) and
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import os
 import sys
@@ -45,7 +46,8 @@ def install_npu_stubs() -> list[str]:
         module = mock.MagicMock(name=name, spec=types.ModuleType(name))
         module.__name__ = name
         module.__path__ = []
-        module.__spec__ = None
+        # a real spec: transformers' availability probes reject a module whose __spec__ is None
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
         sys.modules[name] = module
         installed.append(name)
     return installed

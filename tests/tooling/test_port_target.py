@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from git_repo import git
 from scripted_upstream import edit, pristine_package, status, upstream_repo
-from vllm_ascend_patchset import series as series_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.diffs import _diff_lines
 from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port
@@ -74,13 +73,15 @@ class World:
         git(tmp_path / "repo", "add", "-A")
         git(tmp_path / "repo", "commit", "-qm", "series and target")
 
-    def port(self, **kwargs):
+    def port(self, overlay_dir: Path = OVERLAY_DIR, **kwargs):
+        """Port the synthetic series; the overlay (entries and the contracts' reading of it) from ``overlay_dir``."""
         return port(
             self.upstream,
             patches=load_patches(self.patches),
-            overlay=load_overlay(self.patches),
+            overlay=load_overlay(self.patches, overlay_dir),
             pristine_pkg=self.pristine,
             pin_name="v0.23.0",
+            overlay_dir=overlay_dir,
             **kwargs,
         )
 
@@ -110,7 +111,8 @@ def test_the_pinned_patch_conflicts_where_the_target_version_applies_and_its_mai
     assert result.refreshed == [] and status(world.upstream) == set(), "the checkout is only read"
     mails = result.written["build"]
     text = "".join(m.read_text() for m in mails)
-    assert 'AscendPlatform"  # patch set' in text and "Subject: [PATCH 2/2] build: Mark the platform" in text
+    last = f"Subject: [PATCH {len(mails)}/{len(mails)}] build: Mark the platform"  # after the build overlay files
+    assert 'AscendPlatform"  # patch set' in text and last in mails[-1].read_text()
     assert (
         (out / "ORDER")
         .read_text()
@@ -157,10 +159,9 @@ def test_a_pinned_change_to_the_lines_the_target_rewrote_is_a_conflict_and_nothi
     assert (world.folder / NAME).read_text() == before and not (tmp_path / "d").exists()
 
 
-def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path, monkeypatch):
+def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path):
     overlay = tmp_path / "overlay"
-    shutil.copytree(OVERLAY_DIR, overlay)
-    monkeypatch.setattr(series_mod, "OVERLAY_DIR", overlay)
+    shutil.copytree(OVERLAY_DIR, overlay, ignore=shutil.ignore_patterns("__pycache__"))
     module = overlay / "patchset.py"
     original = module.read_text()
     target_line = "TARGET_NOTE = 'made for the target'\n"

@@ -370,7 +370,11 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
     if CONFIG_CLASS not in target.classes:
         return [ContractResult("config", False, f"the target has no class {CONFIG_CLASS}", ASCEND_CONFIG)]
 
-    trees = _overlay_trees(overlay_dir)
+    try:
+        trees = _overlay_trees(overlay_dir)
+    except SyntaxError as exc:  # e.g. the conflict markers of a target's overlay patch
+        detail = f"{exc.filename}:{exc.lineno}: {exc.msg}; resolve the file (conflict markers?) and run again"
+        return results + [ContractResult("config", False, detail, "overlay")]
     by_path: dict[tuple[str, ...], list[str]] = {}
     for read in overlay_config_reads(overlay_dir, trees):
         by_path.setdefault(read.path, []).append(read.where)

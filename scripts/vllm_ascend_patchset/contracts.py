@@ -373,7 +373,9 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
     try:
         trees = _overlay_trees(overlay_dir)
     except SyntaxError as exc:  # e.g. the conflict markers of a target's overlay patch
-        detail = f"{exc.filename}:{exc.lineno}: {exc.msg}; resolve the file (conflict markers?) and run again"
+        where = Path(exc.filename or "?")
+        where = where.relative_to(overlay_dir) if where.is_relative_to(overlay_dir) else where
+        detail = f"overlay file {where}:{exc.lineno} does not parse ({exc.msg}); resolve it (conflict markers?)"
         return results + [ContractResult("config", False, detail, "overlay")]
     by_path: dict[tuple[str, ...], list[str]] = {}
     for read in overlay_config_reads(overlay_dir, trees):

@@ -159,7 +159,8 @@ def test_a_pinned_change_to_the_lines_the_target_rewrote_is_a_conflict_and_nothi
     assert (world.folder / NAME).read_text() == before and not (tmp_path / "d").exists()
 
 
-def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path):
+def _overlay_patch(world: World, tmp_path: Path) -> tuple[Path, Path, str, str]:
+    """A target patch on a copy of the overlay's patchset.py: (overlay copy, module, its text, the added line)."""
     overlay = tmp_path / "overlay"
     shutil.copytree(OVERLAY_DIR, overlay, ignore=shutil.ignore_patterns("__pycache__"))
     module = overlay / "patchset.py"
@@ -180,7 +181,11 @@ def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_
     shutil.copyfile(module, world.patches.parent / "patchset-as-ported.py")  # keep the blob in the history
     git(world.patches.parent, "add", "-A")
     git(world.patches.parent, "commit", "-qm", "keep the overlay file's version")
+    return overlay, module, original, target_line
 
+
+def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path):
+    overlay, module, original, target_line = _overlay_patch(world, tmp_path)
     first = world.port(target=world.target(), dry_run=True, overlay_dir=overlay)
     assert [h.status for h in first.hunks if h.patch == "0900-overlay.patch"] == [APPLIES]
 
@@ -190,6 +195,18 @@ def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_
     written = (world.upstream / "vllm_ascend/patchset.py").read_text()
     assert written == "# changed after the target patch was made\n" + original + target_line
     assert report.porter.refreshed[world.folder / "0900-overlay.patch"].count(f"patchset.py {git_blob(module)}") == 1
+
+
+def test_an_overlay_patch_that_conflicts_with_a_later_change_is_reported_and_fails_the_config_contract(world, tmp_path):
+    """The conflict markers make the overlay file unparseable: the report says so, the port does not crash."""
+    overlay, module, original, _ = _overlay_patch(world, tmp_path)
+    module.write_text(original + "OTHER_NOTE = 'added where the target patch adds its line'\n")
+    report = world.port(target=world.target(), dry_run=True, overlay_dir=overlay)
+    assert [h.status for h in report.hunks if h.patch == "0900-overlay.patch"] == [CONFLICT], report.render()
+    failed = [c for c in report.contracts if not c.ok]
+    assert [c.subject for c in failed] == ["config"], report.render()
+    assert "overlay file patchset.py:" in failed[0].detail and "conflict markers" in failed[0].detail
+    assert not report.ok and "contract failed: config" in report.render()
 
 
 def test_an_answered_contract_is_ok_and_says_how_and_an_unused_answer_fails(world):

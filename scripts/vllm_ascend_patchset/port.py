@@ -82,6 +82,7 @@ class PortReport:
     written: list[str] = field(default_factory=list)
     dry_run: bool = False
     porter: Porter | None = None
+    target: str = ""  # the name of the target series ported, if not the pinned one
 
     def patch_status(self, name: str) -> tuple[str, str]:
         """(worst status, summary) of one patch."""
@@ -521,8 +522,7 @@ def port(
     base = f"vllm-ascend {pin_name} (the pinned release's files)"
     if target:
         base += f"; series of target '{target.name}' (made for {target.ref} at {target.commit[:12]})"
-    report = PortReport(upstream, commit, describe, base)
-    report.dry_run = dry_run
+    report = PortReport(upstream, commit, describe, base, dry_run=dry_run, target=target.name if target else "")
 
     porter = Porter(lambda path: _lines(upstream / path), pristine_pkg, pin_name)
     if target:
@@ -578,7 +578,10 @@ def _answered(results: list[ContractResult], target: Target) -> list[ContractRes
 
 
 def write_report(report: PortReport, path: Path | None = None) -> Path:
-    path = path or REPORT_DIR / f"{report.describe}.txt"
+    """The full report, by default ``build/port/<ref>.txt`` (``<ref>-target-<name>.txt`` for a target's series)."""
+    path = path or REPORT_DIR / (
+        f"{report.describe}-target-{report.target}.txt" if report.target else f"{report.describe}.txt"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report.render(full=True))
     return path

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from git_repo import git
 from scripted_upstream import edit, pristine_package, status, upstream_repo
+from vllm_ascend_patchset import port as port_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.diffs import _diff_lines
-from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port
+from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port, write_report
 from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_overlay, load_patches
 from vllm_ascend_patchset.target_diffs import TargetDiffsError, write_target_diffs
 from vllm_ascend_patchset.targets import git_blob, load_target, with_header
@@ -118,6 +119,17 @@ def test_the_pinned_patch_conflicts_where_the_target_version_applies_and_its_mai
         .read_text()
         .startswith(f"Apply the series in this order on scripted main at {world.target().commit}")
     )
+
+
+def test_the_report_of_a_target_series_does_not_overwrite_the_pinned_one_of_the_same_checkout(
+    world, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(port_mod, "REPORT_DIR", tmp_path / "reports")
+    pinned = write_report(world.port(dry_run=True))
+    targeted = write_report(world.port(target=world.target(), dry_run=True))
+    assert pinned.parent == targeted.parent == tmp_path / "reports"
+    assert pinned.name.endswith(".txt") and targeted.name == pinned.name.removesuffix(".txt") + "-target-t.txt"
+    assert "series of target 't'" in targeted.read_text() and "series of target" not in pinned.read_text()
 
 
 def test_the_target_series_must_name_or_replace_every_pinned_patch(world):

@@ -339,7 +339,7 @@ class Porter:
         fd: FileDiff,
         before: list[str],
         current: list[str],
-        removed_by: Collection[str] = (),
+        removed_by: Collection[str] = frozenset(),
     ) -> tuple[list[str], list[str]]:
         """Merge ``fd``'s hunks (made on ``before``) into ``current`` one by one; returns both texts after them.
 
@@ -358,7 +358,7 @@ class Porter:
             definitions = [line for line in hunk.removed if _DEFINITION.match(line)]
             if at is None and (
                 find_block(current, hunk.new, expected) is not None
-                or (not hunk.added and definitions and set(definitions) <= removed_by)
+                or (not hunk.added and definitions and all(line in removed_by for line in definitions))
             ):
                 self.hunks.append(HunkResult(name, fd.path, n, hunk.header, ALREADY, "its change is already there"))
                 before = after

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -11,8 +12,9 @@ from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
 from vllm_ascend_patchset.series import PACKAGE
 
 
+@functools.cache
 def pristine_package() -> Path:
-    """The pinned release's vllm_ascend/ (unpacked from the cached pinned wheel)."""
+    """The pinned release's vllm_ascend/ (unpacked from the cached pinned wheel); checked once per session."""
     return pristine_tree(fetch_wheel(Pin.load(), Target.host())) / PACKAGE
 
 

@@ -160,7 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("upstream_src", help="a vllm-ascend git checkout (its work tree receives the port)")
     p.add_argument("--dry-run", action="store_true", help="report only; write nothing into the checkout")
     p.add_argument("--target", help="port the series of patches/targets/TARGET (e.g. main) instead of the pinned one")
-    p.add_argument("--report", type=Path, help="where to write the full report (default: build/port/<ref>.txt)")
+    p.add_argument(
+        "--report", type=Path, help="where to write the full report (default: build/port/<ref>[-target-TARGET].txt)"
+    )
     p.add_argument("--py")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_port)

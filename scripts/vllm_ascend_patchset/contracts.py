@@ -18,6 +18,7 @@ torch_npu or even vLLM:
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +47,23 @@ class ContractResult:
         return f"{self.subject} ({self.where})" if self.where else self.subject
 
 
+@functools.lru_cache(maxsize=256)
+def _parsed(text: str) -> ast.Module:
+    """A module's tree, parsed once per content: every port reads the overlay and upstream's
+    ascend_config.py and attention_v1.py, mostly unchanged between ports (the tests run many in
+    one process). The trees are only read, never changed; so are the analyses cached on them."""
+    return ast.parse(text)
+
+
+def parse_file(path: Path) -> ast.Module:
+    text = path.read_text()
+    try:
+        return _parsed(text)
+    except SyntaxError as exc:
+        exc.filename = str(path)
+        raise
+
+
 def class_def(tree: ast.Module, name: str, source: str = "source") -> ast.ClassDef:
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
@@ -55,14 +73,14 @@ def class_def(tree: ast.Module, name: str, source: str = "source") -> ast.ClassD
 
 def ascend_metadata_fields(attention_v1: Path) -> list[str]:
     """The annotated fields of ``AscendMetadata``, in declaration order."""
-    cls = class_def(ast.parse(attention_v1.read_text()), "AscendMetadata", str(attention_v1))
+    cls = class_def(parse_file(attention_v1), "AscendMetadata", str(attention_v1))
     return [n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)]
 
 
 def splitter_field_sets(split_py: Path) -> dict[str, frozenset[str]]:
     """The splitter's field sets as literals in its source (it imports torch, so it is not imported)."""
     found: dict[str, frozenset[str]] = {}
-    for node in ast.parse(split_py.read_text()).body:
+    for node in parse_file(split_py).body:
         target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
         if isinstance(node, ast.AnnAssign):
             target = node.target
@@ -182,10 +200,7 @@ class _ConfigReads(ast.NodeVisitor):
 
 
 def _overlay_trees(overlay_dir: Path) -> dict[str, ast.Module]:
-    return {
-        p.relative_to(overlay_dir).as_posix(): ast.parse(p.read_text(), filename=str(p))
-        for p in sorted(overlay_dir.rglob("*.py"))
-    }
+    return {p.relative_to(overlay_dir).as_posix(): parse_file(p) for p in sorted(overlay_dir.rglob("*.py"))}
 
 
 FLAG_TABLE = "ASCEND_CONFLICTS"  # a module-level table whose entries start with an AscendConfig attribute path
@@ -209,56 +224,82 @@ def overlay_config_reads(overlay_dir: Path, trees: dict[str, ast.Module] | None 
     """The longest AscendConfig attribute chains each overlay module reads."""
     reads: list[ConfigRead] = []
     for rel, tree in (trees or _overlay_trees(overlay_dir)).items():
-        visitor = _ConfigReads(rel)
-        visitor.visit(tree)
-        found = visitor.reads + _flag_table_reads(rel, tree)
-        # keep a chain only when no longer chain read at the same place extends it
-        for read in found:
-            longer = any(
-                o.where == read.where and len(o.path) > len(read.path) and o.path[: len(read.path)] == read.path
-                for o in found
-            )
-            if not longer and read not in reads:
-                reads.append(read)
+        reads += [read for read in _module_config_reads(rel, tree) if read not in reads]
     return reads
 
 
+@functools.lru_cache(maxsize=256)
+def _module_config_reads(rel: str, tree: ast.Module) -> tuple[ConfigRead, ...]:
+    visitor = _ConfigReads(rel)
+    visitor.visit(tree)
+    found = visitor.reads + _flag_table_reads(rel, tree)
+    # keep a chain only when no longer chain read at the same place extends it
+    return tuple(
+        dict.fromkeys(
+            read
+            for read in found
+            if not any(
+                o.where == read.where and len(o.path) > len(read.path) and o.path[: len(read.path)] == read.path
+                for o in found
+            )
+        )
+    )
+
+
+@dataclass(frozen=True)
+class _ClassInfo:
+    classes: dict[str, ast.ClassDef]
+    attrs: dict[str, frozenset[str]]  # class -> attributes it defines
+    types: dict[tuple[str, str], str]  # (class, attribute) -> the class of the attribute's value, when known
+
+
+@functools.lru_cache(maxsize=64)
+def _class_info(tree: ast.Module) -> _ClassInfo:
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    attrs: dict[str, frozenset[str]] = {}
+    types: dict[tuple[str, str], str] = {}
+
+    def note_type(cls: str, attr: str, node: ast.AST) -> None:
+        if isinstance(node, ast.Name) and node.id in classes:
+            types[(cls, attr)] = node.id
+
+    for name, cls in classes.items():
+        names: set[str] = set()
+        for node in cls.body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+                note_type(name, node.target.id, node.annotation)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        for node in ast.walk(cls):
+            targets: list[ast.AST] = []
+            value = None
+            if isinstance(node, ast.Assign):
+                targets, value = list(node.targets), node.value
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+                targets, value = [node.target], node.value
+            for target in targets:
+                for t in ast.walk(target):
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        names.add(t.attr)
+                        if isinstance(value, ast.Call):
+                            note_type(name, t.attr, value.func)
+        attrs[name] = frozenset(names)
+    return _ClassInfo(classes, attrs, types)
+
+
 class _ClassAttrs:
-    """Attributes each class of a module defines, and the class an attribute holds when known."""
+    """Attributes each class of a module defines (plus ``extra``), and the class an attribute holds when known."""
 
     def __init__(self, tree: ast.Module, extra: dict[str, set[str]] | None = None) -> None:
-        self.classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-        self.attrs: dict[str, set[str]] = {}
-        self.types: dict[tuple[str, str], str] = {}
-        for name, cls in self.classes.items():
-            names = self.attrs.setdefault(name, set())
-            for node in cls.body:
-                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                    names.add(node.name)
-                elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                    names.add(node.target.id)
-                    self._type(name, node.target.id, node.annotation)
-                elif isinstance(node, ast.Assign):
-                    names.update(t.id for t in node.targets if isinstance(t, ast.Name))
-            for node in ast.walk(cls):
-                targets: list[ast.AST] = []
-                value = None
-                if isinstance(node, ast.Assign):
-                    targets, value = list(node.targets), node.value
-                elif isinstance(node, ast.AnnAssign | ast.AugAssign):
-                    targets, value = [node.target], node.value
-                for target in targets:
-                    for t in ast.walk(target):
-                        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                            names.add(t.attr)
-                            if isinstance(value, ast.Call):
-                                self._type(name, t.attr, value.func)
+        info = _class_info(tree)
+        self.classes = info.classes
+        self.types = info.types
+        self.attrs = {name: set(names) for name, names in info.attrs.items()}
         for name, more in (extra or {}).items():
             self.attrs.setdefault(name, set()).update(more)
-
-    def _type(self, cls: str, attr: str, node: ast.AST) -> None:
-        if isinstance(node, ast.Name) and node.id in self.classes:
-            self.types[(cls, attr)] = node.id
 
     def resolve(self, cls: str, path: tuple[str, ...]) -> tuple[bool, str]:
         """(found, how far): walks the path while the holding class is known."""
@@ -313,6 +354,12 @@ def _module_constants(tree: ast.Module) -> dict[str, str]:
 
 def _config_keys(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
     """additional_config keys our overlay reads -> where: literal or constant keys of .get() and []."""
+    return {key: list(where) for key, where in _config_keys_of(tuple(trees.items())).items()}
+
+
+@functools.lru_cache(maxsize=32)
+def _config_keys_of(items: tuple[tuple[str, ast.Module], ...]) -> dict[str, tuple[str, ...]]:
+    trees = dict(items)
     module_consts = {rel: _module_constants(tree) for rel, tree in trees.items()}
     keys: dict[str, list[str]] = {}
     for rel, tree in trees.items():
@@ -339,19 +386,20 @@ def _config_keys(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
                 key = consts[key_node.id]
             if key:
                 keys.setdefault(key, []).append(f"{rel}:{node.lineno}")
-    return keys
+    return {key: tuple(where) for key, where in keys.items()}
 
 
-def _class_strings(tree: ast.Module) -> dict[str, set[str]]:
+@functools.lru_cache(maxsize=64)
+def _class_strings(tree: ast.Module) -> dict[str, frozenset[str]]:
     """Class name -> the string literals in its code (where upstream reads a config key)."""
     return {
-        cls.name: {n.value for n in ast.walk(cls) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        cls.name: frozenset(n.value for n in ast.walk(cls) if isinstance(n, ast.Constant) and isinstance(n.value, str))
         for cls in tree.body
         if isinstance(cls, ast.ClassDef)
     }
 
 
-def _key_readers(strings: dict[str, set[str]], key: str) -> set[str]:
+def _key_readers(strings: dict[str, frozenset[str]], key: str) -> set[str]:
     return {cls for cls, found in strings.items() if key in found}
 
 
@@ -360,8 +408,8 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
     patches = list(patches)
     results: list[ContractResult] = []
     try:
-        target_tree = ast.parse((target_pkg / ASCEND_CONFIG).read_text())
-        pinned_tree = ast.parse((pinned_pkg / ASCEND_CONFIG).read_text())
+        target_tree = parse_file(target_pkg / ASCEND_CONFIG)
+        pinned_tree = parse_file(pinned_pkg / ASCEND_CONFIG)
     except (OSError, SyntaxError) as exc:
         return [ContractResult("config", False, str(exc), ASCEND_CONFIG)]
     assigned, patch_reads = _patch_config_attrs(patches, ASCEND_CONFIG)
@@ -370,7 +418,13 @@ def config_contract(target_pkg: Path, pinned_pkg: Path, overlay_dir: Path, patch
     if CONFIG_CLASS not in target.classes:
         return [ContractResult("config", False, f"the target has no class {CONFIG_CLASS}", ASCEND_CONFIG)]
 
-    trees = _overlay_trees(overlay_dir)
+    try:
+        trees = _overlay_trees(overlay_dir)
+    except SyntaxError as exc:  # e.g. the conflict markers of a target's overlay patch
+        where = Path(exc.filename or "?")
+        where = where.relative_to(overlay_dir) if where.is_relative_to(overlay_dir) else where
+        detail = f"overlay file {where}:{exc.lineno} does not parse ({exc.msg}); resolve it (conflict markers?)"
+        return results + [ContractResult("config", False, detail, "overlay")]
     by_path: dict[tuple[str, ...], list[str]] = {}
     for read in overlay_config_reads(overlay_dir, trees):
         by_path.setdefault(read.path, []).append(read.where)

@@ -82,6 +82,7 @@ class PortReport:
     written: list[str] = field(default_factory=list)
     dry_run: bool = False
     porter: Porter | None = None
+    target: str = ""  # the name of the target series ported, if not the pinned one
 
     def patch_status(self, name: str) -> tuple[str, str]:
         """(worst status, summary) of one patch."""
@@ -338,7 +339,7 @@ class Porter:
         fd: FileDiff,
         before: list[str],
         current: list[str],
-        removed_by: Collection[str] = (),
+        removed_by: Collection[str] = frozenset(),
     ) -> tuple[list[str], list[str]]:
         """Merge ``fd``'s hunks (made on ``before``) into ``current`` one by one; returns both texts after them.
 
@@ -357,7 +358,7 @@ class Porter:
             definitions = [line for line in hunk.removed if _DEFINITION.match(line)]
             if at is None and (
                 find_block(current, hunk.new, expected) is not None
-                or (not hunk.added and definitions and set(definitions) <= removed_by)
+                or (not hunk.added and definitions and all(line in removed_by for line in definitions))
             ):
                 self.hunks.append(HunkResult(name, fd.path, n, hunk.header, ALREADY, "its change is already there"))
                 before = after
@@ -521,8 +522,7 @@ def port(
     base = f"vllm-ascend {pin_name} (the pinned release's files)"
     if target:
         base += f"; series of target '{target.name}' (made for {target.ref} at {target.commit[:12]})"
-    report = PortReport(upstream, commit, describe, base)
-    report.dry_run = dry_run
+    report = PortReport(upstream, commit, describe, base, dry_run=dry_run, target=target.name if target else "")
 
     porter = Porter(lambda path: _lines(upstream / path), pristine_pkg, pin_name)
     if target:
@@ -578,7 +578,10 @@ def _answered(results: list[ContractResult], target: Target) -> list[ContractRes
 
 
 def write_report(report: PortReport, path: Path | None = None) -> Path:
-    path = path or REPORT_DIR / f"{report.describe}.txt"
+    """The full report, by default ``build/port/<ref>.txt`` (``<ref>-target-<name>.txt`` for a target's series)."""
+    path = path or REPORT_DIR / (
+        f"{report.describe}-target-{report.target}.txt" if report.target else f"{report.describe}.txt"
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report.render(full=True))
     return path

@@ -1,12 +1,13 @@
 """``make diffs TARGET=<name>``: the git am-able series for another upstream (e.g. main).
 
 The series is regenerated from the current patches, overlay and ``patches/targets/<name>``:
-the target's files are read from its commit in a local upstream checkout (nothing in
-that checkout changes), the target's series is ported onto them in a scratch
-repository (``port.py``), and each step's change becomes one mail, each overlay file
-one mail, grouped by feature as ``make diffs`` does for the pin. It is then checked:
-the mails are replayed with ``git am`` on a fresh copy of the target's files and must
-give the ported tree exactly. Target patches whose pinned patch (or overlay file)
+the target commit's ``vllm_ascend/`` is read from a local upstream checkout (nothing in
+that checkout changes), the target's series is ported onto it in a scratch repository
+(``port.py``), and each step's change and each overlay file become the changes that
+``make diffs`` orders and groups into commits for the pin (by feature, then by what they
+import, read from the whole target package). It is then checked: the mails are replayed
+with ``git am`` on a fresh copy of the target's files and must give the ported tree
+exactly. Target patches whose pinned patch (or overlay file)
 changed since they were made are brought up to date in ``patches/targets/<name>``.
 """
 
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .assemble import Assembly
-from .contracts import ASCEND_CONFIG, ATTENTION_V1
 from .diffs import _diff_lines, write_diffs
 from .pin import ROOT
 from .pin import Target as Platform
@@ -34,7 +34,6 @@ class TargetDiffsError(RuntimeError):
     """The target's series does not port cleanly, or its mails do not replay."""
 
 
-@dataclass(frozen=True)
 @dataclass
 class TargetDiffs:
     report: PortReport
@@ -58,26 +57,28 @@ def _git(cwd: Path, *args: str, env: dict | None = None) -> str:
     return res.stdout
 
 
-def _snapshot(upstream_src: Path, commit: str, paths: list[str], dest: Path) -> dict[str, bytes]:
-    """The target commit's version of ``paths`` (those it has), committed in a new repository at ``dest``."""
+def _snapshot(upstream_src: Path, commit: str, dest: Path) -> None:
+    """The target commit's ``vllm_ascend/``, committed in a new repository at ``dest``.
+
+    The whole package, not only the files the series touches: the mail series is ordered
+    by what each change imports (``diffs``), and whether an imported name is a submodule is
+    read from the files of the tree.
+    """
     check = subprocess.run(["git", "-C", str(upstream_src), "cat-file", "-e", f"{commit}^{{commit}}"])
     if check.returncode != 0:
         raise TargetDiffsError(
             f"commit {commit} is not in {upstream_src}; fetch the target's ref there (git fetch origin) and run again"
         )
-    files = {}
-    for path in paths:
-        res = subprocess.run(["git", "-C", str(upstream_src), "show", f"{commit}:{path}"], capture_output=True)
-        if res.returncode == 0:
-            files[path] = res.stdout
     dest.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(upstream_src), "archive", "--format=tar", commit, PACKAGE], capture_output=True
+    )
+    if archive.returncode != 0:
+        raise TargetDiffsError(f"git archive {commit} {PACKAGE} in {upstream_src}: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     _git(dest, "init", "-q")
-    for path, data in files.items():
-        (dest / path).parent.mkdir(parents=True, exist_ok=True)
-        (dest / path).write_bytes(data)
     _git(dest, "add", "-A")
     _git(dest, "commit", "-qm", f"upstream {commit}")
-    return files
 
 
 def write_target_diffs(
@@ -85,18 +86,13 @@ def write_target_diffs(
 ) -> TargetDiffs:
     out_dir = out_dir or DIST_DIR / f"upstream-{target.name}"
     overlay = load_overlay()
-    paths = list(
-        dict.fromkeys(
-            [f"{PACKAGE}/__init__.py", f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"]
-            + [f for step in target.steps for f in step.patch.files]
-            + [e.repo_path for e in overlay]
-        )
-    )
     with tempfile.TemporaryDirectory(prefix=f"diffs-{target.name}-") as tmp:
         work = Path(tmp)
-        files = _snapshot(upstream_src, target.commit, paths, work / "ported")
+        ported, target_tree = work / "ported", work / "target"
+        _snapshot(upstream_src, target.commit, ported)
+        _git(work, "clone", "-q", str(ported), str(target_tree))  # the target's files: the mails' base, then replay
         report = port(
-            work / "ported",
+            ported,
             patches=load_patches(),
             overlay=overlay,
             pristine_pkg=pristine_pkg,
@@ -121,21 +117,18 @@ def write_target_diffs(
             path.write_text(with_header(change.patch.header, diff))
             patches.append(Patch(path.name, path, parse_header(path), tuple(change.after)))
         # the overlay as the target gets it; replaced files diff against the target's version
-        staged_overlay, target_files = work / "overlay", work / "target-files"
+        staged_overlay = work / "overlay"
         entries = []
         for entry in overlay:
             dest = staged_overlay / entry.relpath
             dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(work / "ported" / entry.repo_path, dest)
-            replaces = entry.replaces and entry.repo_path in files  # one the target dropped is new again
+            shutil.copyfile(ported / entry.repo_path, dest)
+            replaces = entry.replaces and (target_tree / entry.repo_path).is_file()  # one the target dropped is new
             entries.append(OverlayFile(entry.relpath, entry.feature, replaces, overlay_dir=staged_overlay))
-            if replaces:
-                (target_files / entry.repo_path).parent.mkdir(parents=True, exist_ok=True)
-                (target_files / entry.repo_path).write_bytes(files[entry.repo_path])
         assembly = Assembly(
             target=Platform.host(),
-            root=work / "ported",
-            pristine=target_files,
+            root=ported,
+            pristine=target_tree,
             wheel=Path(),
             patches=tuple(patches),
             overlay=tuple(entries),
@@ -145,7 +138,7 @@ def write_target_diffs(
             f"Apply the series in this order on {target.repository} {target.ref} at {target.commit} "
             "(git am DIR/*.patch):\n" + "".join(f"{feature}\n" for feature in written)
         )
-        _replay(written, files, work / "replay", work / "ported")
+        _replay(written, target_tree, ported)
     refreshed = []
     for path, text in report.porter.refreshed.items():
         path.write_text(text)
@@ -153,15 +146,8 @@ def write_target_diffs(
     return TargetDiffs(report, written, out_dir, refreshed)
 
 
-def _replay(written: dict[str, list[Path]], files: dict[str, bytes], repo: Path, ported: Path) -> None:
-    """git am every mail, feature by feature, on the target's files; the result must be the ported tree."""
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    for path, data in files.items():
-        (repo / path).parent.mkdir(parents=True, exist_ok=True)
-        (repo / path).write_bytes(data)
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "target")
+def _replay(written: dict[str, list[Path]], repo: Path, ported: Path) -> None:
+    """git am every mail, feature by feature, on the target's files (``repo``); the result must be the ported tree."""
     for mails in written.values():
         _git(repo, "am", "-q", *[str(m) for m in mails])
     changed = _git(repo, "diff", "--name-only", "HEAD~" + str(sum(len(m) for m in written.values())), "HEAD").split()

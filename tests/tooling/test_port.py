@@ -19,7 +19,7 @@ from scripted_upstream import edit, pristine_package, status, upstream_repo
 from vllm_ascend_patchset import cli
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, overlay_config_reads
 from vllm_ascend_patchset.hunks import Hunk, parse_diff
-from vllm_ascend_patchset.port import APPLIES, CONFLICT, MERGED, PortError, port
+from vllm_ascend_patchset.port import _DEFINITION, APPLIES, CONFLICT, MERGED, PortError, port
 from vllm_ascend_patchset.series import PACKAGE, load_overlay, load_patches
 
 ASSEMBLED = conftest.ASSEMBLED
@@ -135,6 +135,27 @@ def test_a_change_to_a_line_the_hunk_changes_is_a_conflict_named_by_patch_file_a
     assert git(repo, "rev-parse", "HEAD") == head and git(repo, "diff", "--cached", "--name-only") == ""
     for rel in set(git(repo, "ls-files").split()) - set(report.written):
         assert git(repo, "diff", "--name-only", "--", rel) == "", rel
+
+
+def test_upstream_editing_a_definition_a_hunk_deletes_is_a_conflict(tmp_path, pristine):
+    """A hunk that only deletes code (a class or function) whose text upstream changed: the deletion is the
+    person's call, with upstream's change shown."""
+    found = None
+    for patch, path, n, hunk in _hunks():
+        text = (pristine.parent / path).read_text()
+        if not hunk.added and any(_DEFINITION.match(line) for line in hunk.removed):
+            body = [line for line in hunk.removed if not _DEFINITION.match(line) and _unique(text, line)]
+            if body:
+                found = patch.name, path, n, body[0]
+                break
+    if found is None:
+        pytest.skip("no hunk of the series only deletes a definition")
+    patch, path, number, line = found
+    upstream_line = line.rstrip("\n") + "  # upstream changed the deleted code\n"
+    repo = _repo(tmp_path, pristine, lambda r: edit(r, path, line, upstream_line))
+    report = _port(repo, pristine, dry_run=True)
+    mine = next(h for h in report.hunks if (h.patch, h.path, h.number) == (patch, path, number))
+    assert mine.status == CONFLICT and upstream_line.strip() in mine.detail, report.render()
 
 
 def test_the_cli_prints_the_report_and_fails_on_a_conflict(tmp_path, pristine, capsys):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from git_repo import git
 from scripted_upstream import edit, pristine_package, status, upstream_repo
-from vllm_ascend_patchset import series as series_mod
+from vllm_ascend_patchset import port as port_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.diffs import _diff_lines
-from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port
+from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port, write_report
 from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_overlay, load_patches
 from vllm_ascend_patchset.target_diffs import TargetDiffsError, write_target_diffs
 from vllm_ascend_patchset.targets import git_blob, load_target, with_header
@@ -74,13 +74,15 @@ class World:
         git(tmp_path / "repo", "add", "-A")
         git(tmp_path / "repo", "commit", "-qm", "series and target")
 
-    def port(self, **kwargs):
+    def port(self, overlay_dir: Path = OVERLAY_DIR, **kwargs):
+        """Port the synthetic series; the overlay (entries and the contracts' reading of it) from ``overlay_dir``."""
         return port(
             self.upstream,
             patches=load_patches(self.patches),
-            overlay=load_overlay(self.patches),
+            overlay=load_overlay(self.patches, overlay_dir),
             pristine_pkg=self.pristine,
             pin_name="v0.23.0",
+            overlay_dir=overlay_dir,
             **kwargs,
         )
 
@@ -110,12 +112,24 @@ def test_the_pinned_patch_conflicts_where_the_target_version_applies_and_its_mai
     assert result.refreshed == [] and status(world.upstream) == set(), "the checkout is only read"
     mails = result.written["build"]
     text = "".join(m.read_text() for m in mails)
-    assert 'AscendPlatform"  # patch set' in text and "Subject: [PATCH 2/2] build: Mark the platform" in text
+    last = f"Subject: [PATCH {len(mails)}/{len(mails)}] build: Mark the platform"  # after the build overlay files
+    assert 'AscendPlatform"  # patch set' in text and last in mails[-1].read_text()
     assert (
         (out / "ORDER")
         .read_text()
         .startswith(f"Apply the series in this order on scripted main at {world.target().commit}")
     )
+
+
+def test_the_report_of_a_target_series_does_not_overwrite_the_pinned_one_of_the_same_checkout(
+    world, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(port_mod, "REPORT_DIR", tmp_path / "reports")
+    pinned = write_report(world.port(dry_run=True))
+    targeted = write_report(world.port(target=world.target(), dry_run=True))
+    assert pinned.parent == targeted.parent == tmp_path / "reports"
+    assert pinned.name.endswith(".txt") and targeted.name == pinned.name.removesuffix(".txt") + "-target-t.txt"
+    assert "series of target 't'" in targeted.read_text() and "series of target" not in pinned.read_text()
 
 
 def test_the_target_series_must_name_or_replace_every_pinned_patch(world):
@@ -157,10 +171,10 @@ def test_a_pinned_change_to_the_lines_the_target_rewrote_is_a_conflict_and_nothi
     assert (world.folder / NAME).read_text() == before and not (tmp_path / "d").exists()
 
 
-def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path, monkeypatch):
+def _overlay_patch(world: World, tmp_path: Path) -> tuple[Path, Path, str, str]:
+    """A target patch on a copy of the overlay's patchset.py: (overlay copy, module, its text, the added line)."""
     overlay = tmp_path / "overlay"
-    shutil.copytree(OVERLAY_DIR, overlay)
-    monkeypatch.setattr(series_mod, "OVERLAY_DIR", overlay)
+    shutil.copytree(OVERLAY_DIR, overlay, ignore=shutil.ignore_patterns("__pycache__"))
     module = overlay / "patchset.py"
     original = module.read_text()
     target_line = "TARGET_NOTE = 'made for the target'\n"
@@ -179,7 +193,11 @@ def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_
     shutil.copyfile(module, world.patches.parent / "patchset-as-ported.py")  # keep the blob in the history
     git(world.patches.parent, "add", "-A")
     git(world.patches.parent, "commit", "-qm", "keep the overlay file's version")
+    return overlay, module, original, target_line
 
+
+def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_path):
+    overlay, module, original, target_line = _overlay_patch(world, tmp_path)
     first = world.port(target=world.target(), dry_run=True, overlay_dir=overlay)
     assert [h.status for h in first.hunks if h.patch == "0900-overlay.patch"] == [APPLIES]
 
@@ -189,6 +207,18 @@ def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_
     written = (world.upstream / "vllm_ascend/patchset.py").read_text()
     assert written == "# changed after the target patch was made\n" + original + target_line
     assert report.porter.refreshed[world.folder / "0900-overlay.patch"].count(f"patchset.py {git_blob(module)}") == 1
+
+
+def test_an_overlay_patch_that_conflicts_with_a_later_change_is_reported_and_fails_the_config_contract(world, tmp_path):
+    """The conflict markers make the overlay file unparseable: the report says so, the port does not crash."""
+    overlay, module, original, _ = _overlay_patch(world, tmp_path)
+    module.write_text(original + "OTHER_NOTE = 'added where the target patch adds its line'\n")
+    report = world.port(target=world.target(), dry_run=True, overlay_dir=overlay)
+    assert [h.status for h in report.hunks if h.patch == "0900-overlay.patch"] == [CONFLICT], report.render()
+    failed = [c for c in report.contracts if not c.ok]
+    assert [c.subject for c in failed] == ["config"], report.render()
+    assert "overlay file patchset.py:" in failed[0].detail and "conflict markers" in failed[0].detail
+    assert not report.ok and "contract failed: config" in report.render()
 
 
 def test_an_answered_contract_is_ok_and_says_how_and_an_unused_answer_fails(world):

@@ -16,16 +16,20 @@ large chunks do the opposite. The rule, from the fitted latency model t(C, H)
    size that does the prompt's work fastest: over a whole prompt the chunks' attention
    over history sums to c4 * (N^2 - sum C_i^2) / 2, so a chunk of C tokens costs
    (c0 + c2*H)/C + (c3 - c4/2)*C per token beyond what no chunking changes, least at
-   C*(H) = sqrt((c0 + c2*H) / (c3 - c4/2)). Chunks shrink as history grows, so batch
-   times stay equal and the stages stay in step.
+   C*(H) = sqrt((c0 + c2*H) / (c3 - c4/2)). Where the target binds, chunks shrink as
+   history grows, so batch times stay equal and the stages stay in step; where C*
+   binds (early in a prompt) chunk times rise, which costs the pipeline nothing.
 2. T is chosen (``ChunkRule.plan_target``) to minimise the predicted mean TTFT of the
    prefills the scheduler holds, given P: for each candidate T the chunks of every
    held prefill follow from rule 1, their total time is integrated over the prompt
    (Simpson's rule on the chunk-size curve), the TTFT of the j-th prefill in FCFS
    order is the work of prefills 1..j plus (P - 1) times the largest chunk time. One
    prompt at a shallow pipeline wants large chunks; a deep pipeline wants smaller ones
-   to shorten the fill; a backlog of prompts wants the most tokens per millisecond. The
-   search runs only when the set of prefills changes, never per step.
+   to shorten the fill; a backlog of prompts wants the most tokens per millisecond.
+   When the first prefill needs few chunks (up to ``EXACT_MAX_CHUNKS``) the result is
+   checked chunk by chunk against the targets at which its chunk count steps, where the
+   best target lies. The search runs only when the set of prefills changes, never per
+   step.
 3. The engine keeps at most P batches in flight, so a batch shorter than the one P
    places before it cannot start earlier: a fall in batch time is not a gain for one
    pipeline round. So chunks are any whole number of tokens (a coarser grid makes batch

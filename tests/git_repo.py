@@ -5,16 +5,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
+
 
 def git(cwd: Path, *args: str) -> str:
-    env = {
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-        "HOME": str(cwd),
-        "PATH": "/usr/bin:/bin",
-    }
+    env = {**GIT_IDENTITY, "HOME": str(cwd), "PATH": "/usr/bin:/bin"}
     res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
     assert res.returncode == 0, f"git {' '.join(args)}:\n{res.stdout}{res.stderr}"
     return res.stdout

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import subprocess
 import zipfile
 from pathlib import Path
 
 import pytest
+from git_repo import GIT_IDENTITY, git, init_repo
 from tooling.replay_series import replay
 from tooling.tiny_wheel import write_wheel
 from vllm_ascend_patchset import wheel as wheel_mod
@@ -106,20 +106,7 @@ def test_an_interrupted_wheel_write_leaves_nothing(tiny_assembly, tmp_path, monk
     assert os.listdir(tmp_path / "dist") == []
 
 
-GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@t",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@t",
-}
 REPLAY_TIMEOUT_S = 600
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = {**GIT_IDENTITY, "HOME": str(cwd), "PATH": "/usr/bin:/bin"}
-    res = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env)
-    assert res.returncode == 0, f"git {' '.join(args)}:\n{res.stdout}{res.stderr}"
-    return res.stdout
 
 
 def _replacements_before_their_importers(commits: list[dict], assembly) -> list[str]:
@@ -144,15 +131,11 @@ def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembl
     written = write_diffs(assembly, tmp_path / "upstream")
     order = (tmp_path / "upstream" / "ORDER").read_text().splitlines()[1:]
     assert order == list(written) and written, "every feature's series, in the order ORDER names"
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    _git(repo, "init", "-q")
-    for path in (assembly.pristine / "vllm_ascend").rglob("*.py"):
-        dest = repo / path.relative_to(assembly.pristine)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_bytes(path.read_bytes())
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "pristine v0.23.0")
+    files = {
+        p.relative_to(assembly.pristine).as_posix(): p.read_bytes()
+        for p in (assembly.pristine / "vllm_ascend").rglob("*.py")
+    }
+    repo = init_repo(tmp_path / "repo", files, "pristine v0.23.0")
     # One child process replays every series commit by commit (git am) and imports at each commit.
     # Forked from this one, it inherits vLLM as other tests imported it (no second import) and
     # leaves this process's modules alone.
@@ -184,7 +167,7 @@ def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembl
     assert touched == expected
     for rel in sorted(touched):
         assert (repo / rel).read_bytes() == (assembly.root / rel).read_bytes(), rel
-    log = _git(repo, "log", "--format=%s")
+    log = git(repo, "log", "--format=%s")
     assert "[PATCH" not in log and "build: Log the patch set at platform registration" in log
 
 

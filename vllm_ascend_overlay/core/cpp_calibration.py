@@ -6,10 +6,11 @@ the same quantity the profile measures) go into a window; every ``refit_every``
 records, if the current model is off by more than 5% on the window, it is refitted two
 ways, on the profile rows plus the window and on the window alone, and a candidate is
 adopted only if it halves the current model's error on the window and keeps the
-reference time (a full chunk without history) within ``max_shift`` of the current one. A window whose steps are all of about one size (a
-series of health checks, one prompt length) is not refitted on: it cannot tell the
-fixed cost from the per-token ones. Without an accepted profile nothing is adopted.
-Rows carry their source (``profile`` or ``step``). Pure numpy; logging through vLLM.
+reference time (a full chunk without history) within ``max_shift`` of the current one.
+A window whose steps are all of about one size (a series of health checks, one prompt
+length) is not refitted on: it cannot tell the fixed cost from the per-token ones.
+Without an accepted profile nothing is adopted. Rows carry their source (``profile`` or ``step``).
+Pure numpy; logging through vLLM.
 """
 
 from __future__ import annotations

@@ -203,17 +203,16 @@ def steps(draw, **rule_options):
 def run_step(rule, target_ms, decodes, prefills):
     """What the scheduler does in one step: reserve decodes, then grant and charge each prefill in order."""
     budget = StepBudget(rule, target_ms)
-    for index, (new_tokens, history_tokens) in enumerate(decodes):
-        budget.reserve(f"decode-{index}", new_tokens, history_tokens)
+    budget.reserve_decodes((f"decode-{index}", n, h) for index, (n, h) in enumerate(decodes))
     granted = []
     for index, (history_tokens, remaining_tokens, allowed_tokens) in enumerate(prefills):
         used_before_ms = budget.used_ms
         chunk_tokens = budget.grant(history_tokens, remaining_tokens, allowed_tokens)
         if chunk_tokens > 0:
-            budget.charge(f"prefill-{index}", chunk_tokens, history_tokens, is_prefill=True)
+            budget.charge(f"prefill-{index}", chunk_tokens, history_tokens)
         granted.append((chunk_tokens, used_before_ms, budget.used_ms))
     for index, (new_tokens, history_tokens) in enumerate(decodes):
-        budget.charge(f"decode-{index}", new_tokens, history_tokens, is_prefill=False)
+        budget.charge(f"decode-{index}", new_tokens, history_tokens)
     return budget, granted
 
 
@@ -261,7 +260,7 @@ def test_reserved_decodes_are_never_cut_and_the_step_time_is_the_models(step):
     decodes_ms = sum(rule.model.request_ms(new_tokens, history_tokens) for new_tokens, history_tokens in decodes)
     assert granted[0][1] == pytest.approx(rule.model.c0_ms + decodes_ms, rel=1e-9)  # booked before any prefill
     pairs = budget.pairs()
-    assert list(pairs[len(pairs) - len(decodes) :]) == decodes
+    assert list(pairs[: len(decodes)]) == decodes
     assert budget.predicted_ms() == pytest.approx(rule.model.batch_time_ms(pairs), rel=1e-9)
     assert budget.used_ms == pytest.approx(budget.predicted_ms(), rel=1e-9)
 
@@ -274,20 +273,34 @@ def test_charge_then_refund_returns_the_step_time_to_where_it_was(step, data):
     budget = StepBudget(rule, target_ms)
     for index, (new_tokens, history_tokens) in enumerate(decodes):
         before_ms = budget.used_ms
-        budget.reserve(f"decode-{index}", new_tokens, history_tokens)
+        budget.reserve_decodes([(f"decode-{index}", new_tokens, history_tokens)])
         charged_tokens = data.draw(st.sampled_from([new_tokens, new_tokens + 1]))  # a spec token more or not
-        budget.charge(f"decode-{index}", charged_tokens, history_tokens, is_prefill=False)
+        budget.charge(f"decode-{index}", charged_tokens, history_tokens)
         if data.draw(st.booleans()):
             budget.refund(f"decode-{index}")
             assert budget.used_ms == pytest.approx(before_ms, rel=1e-9, abs=1e-9 * before_ms)
     for index, (history_tokens, remaining_tokens, allowed_tokens) in enumerate(prefills):
         before_ms = budget.used_ms
         chunk_tokens = budget.grant(history_tokens, remaining_tokens, allowed_tokens)
-        budget.charge(f"prefill-{index}", chunk_tokens, history_tokens, is_prefill=True)
+        budget.charge(f"prefill-{index}", chunk_tokens, history_tokens)
         if data.draw(st.booleans()):
             budget.refund(f"prefill-{index}")
             assert budget.used_ms == pytest.approx(before_ms, rel=1e-9, abs=1e-9 * before_ms)
     assert budget.used_ms == pytest.approx(rule.model.batch_time_ms(budget.pairs()), rel=1e-9)
+
+
+@PROPERTIES
+@given(steps(), st.data())
+def test_settling_keeps_exactly_the_scheduled_requests(step, data):
+    """Decodes reserved but never scheduled (preempted before their turn) leave the step's time at settle."""
+    rule, target_ms, decodes, prefills = step
+    budget, granted = run_step(rule, target_ms, decodes, prefills)
+    everything = dict(budget.charged)
+    scheduled = {r: everything[r][0] for r in everything if data.draw(st.booleans(), label=r)}
+    budget.settle(scheduled)
+    assert set(budget.charged) == set(scheduled)
+    assert budget.used_ms == pytest.approx(rule.model.batch_time_ms(budget.pairs()), rel=1e-9, abs=1e-12)
+    assert budget.predicted_ms() == pytest.approx(budget.used_ms, rel=1e-9, abs=1e-12)
 
 
 def test_a_refunded_first_prefill_lets_the_next_one_be_first():
@@ -297,11 +310,11 @@ def test_a_refunded_first_prefill_lets_the_next_one_be_first():
         4,
     )
     budget = StepBudget(rule, target_ms=6.0)
-    budget.reserve("decode", 1, 900_000)  # 5 ms + 1.82 ms: the decode alone fills the target
-    budget.charge("decode", 1, 900_000, is_prefill=False)
+    budget.reserve_decodes([("decode", 1, 900_000)])  # 5 ms + 1.82 ms: the decode alone fills the target
+    budget.charge("decode", 1, 900_000)
     assert budget.used_ms > 6.0
     assert budget.grant(0, 100_000, 8192) == 512  # the first prefill: the floor
-    budget.charge("first", 512, 0, is_prefill=True)
+    budget.charge("first", 512, 0)
     assert budget.grant(0, 100_000, 8192) == 0  # the second: nothing left
     budget.refund("first")
     assert budget.grant(0, 100_000, 8192) == 512  # preempted first: the next prefill is now the first
@@ -459,9 +472,9 @@ def test_no_overflow_nor_nan_for_any_model_accept_can_return(data):
         target_ms = rule.plan_target([(history_tokens, remaining_tokens)] * 3, inflight_ms=1e9)
         assert math.isfinite(target_ms) and target_ms > 0
         budget = StepBudget(rule, target_ms)
-        budget.reserve("decode", 1, limits.max_model_len - 1)
+        budget.reserve_decodes([("decode", 1, limits.max_model_len - 1)])
         chunk_tokens = budget.grant(history_tokens, remaining_tokens, max_chunk_tokens)
         assert 0 < chunk_tokens <= remaining_tokens
         assert 0 <= rule.chunk_within(history_tokens, target_ms, remaining_tokens) <= remaining_tokens
-        budget.charge("prefill", chunk_tokens, history_tokens, is_prefill=True)
+        budget.charge("prefill", chunk_tokens, history_tokens)
         assert math.isfinite(budget.predicted_ms()) and math.isfinite(budget.used_ms)

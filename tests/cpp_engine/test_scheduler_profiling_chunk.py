@@ -15,6 +15,7 @@ from unittest import mock
 import helpers
 import pytest
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
+from vllm_ascend.core.cpp_chunk_rule import StepBudget
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
 AsyncProfilingChunkScheduler = sys.modules[ProfilingChunkScheduler.__module__].AsyncProfilingChunkScheduler
@@ -295,7 +296,7 @@ def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, 
 
     def step_full_of_decodes(self, token_budget):
         token_budget = original(self, token_budget)
-        self._cpp_budget.reserve("decodes", 1, 10**9)  # one decode at an absurd history: the budget is gone
+        self._cpp_budget.reserve_decodes([("decodes", 1, 10**9)])  # one decode at an absurd history: the budget is gone
         return token_budget
 
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_full_of_decodes)
@@ -303,6 +304,49 @@ def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, 
     scheduler.add_request(request("w2", 3000, 1, start=9000))
     first = scheduler.schedule()
     assert first.num_scheduled_tokens == {"w1": 64}  # w1 advances by min_chunk, w2 keeps its place
+
+
+def test_decode_only_steps_are_not_sized_and_a_skipped_prefill_stays_held(tmp_path, profiled, monkeypatch):
+    """No prefill held and none waiting: the step is vLLM's own. A prefill that got nothing is sized next step."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+
+    def step():
+        out = scheduler.schedule()
+        plan = scheduler.planned_batch(out)
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+        return out, plan
+
+    scheduler.add_request(request("chat", 40, 50, start=5000))
+    step()  # the chat's prompt
+    for _ in range(3):
+        out, plan = step()
+        assert out.num_scheduled_tokens == {"chat": 1}
+        assert plan is None and not out.cpp_time_step
+    assert not scheduler._cpp_budget.charged  # nothing was reserved
+
+    scheduler.add_request(request("long", 3000, 1))
+    out, plan = step()
+    assert plan is not None and {"chat", "long"} == set(plan.charged) == set(out.num_scheduled_tokens)
+
+    original = ProfilingChunkScheduler.schedule_step_starts
+
+    def step_with_no_time_left(self, token_budget):
+        token_budget = original(self, token_budget)
+        self._cpp_budget.used_ms = self._cpp_budget.target_ms  # another prefill already took it all
+        self._cpp_budget.prefills.add("elsewhere")
+        return token_budget
+
+    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_with_no_time_left)
+    assert "long" not in step()[0].num_scheduled_tokens
+    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", original)
+
+    long, chat = scheduler.requests["long"], scheduler.requests["chat"]
+    history_tokens = long.num_computed_tokens
+    expected = StepBudget(scheduler.cpp_rule, scheduler.cpp_target_ms)
+    expected.reserve_decodes([("chat", 1, chat.num_computed_tokens)])
+    out, plan = step()  # nothing waiting: the held prefill alone makes the step a sized one
+    assert plan is not None and set(plan.charged) == {"chat", "long"}
+    assert out.num_scheduled_tokens["long"] == expected.grant(history_tokens, 3000 - history_tokens, BASE_CHUNK)
 
 
 def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, profiled):

@@ -51,7 +51,7 @@ starve behind decodes. Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -327,7 +327,12 @@ class ChunkRule:
 
 
 class StepBudget:
-    """One scheduling step's time budget (rule 1): reserve decodes, grant prefills, charge, refund."""
+    """One scheduling step's time budget (rule 1): reserve decodes, grant prefills, charge, refund.
+
+    Decodes are reserved at step start as if already in the batch, so charging one as
+    reserved costs a dictionary lookup; ``settle`` drops the reservations of decodes the
+    step did not schedule after all (preempted before their turn).
+    """
 
     def __init__(self, rule: ChunkRule, target_ms: float | None = None) -> None:
         self.rule = rule
@@ -336,20 +341,24 @@ class StepBudget:
 
     def start(self) -> None:
         """A new step: only the fixed cost c0 is spent."""
-        self.used_ms = self.rule.model.c0_ms  # c0 + reserved decodes + charged requests
+        self.used_ms = self.rule.model.c0_ms  # c0 + charged requests, reserved decodes included
         self.charged_ms = 0.0  # charged requests only
         # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
         self.charged: dict[str, tuple[int, int, float]] = {}
-        self.reserved: dict[str, tuple[int, float]] = {}  # decodes: request -> new_tokens, ms
         self.prefills: set[str] = set()
 
-    def reserve(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
-        """Book a running decode's tokens before any prefill: decodes are never cut."""
+    def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
+        """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
         model = self.rule.model
-        cost_ms = new_tokens * (model.c1_ms + model.c3_ms * new_tokens + model.c4_ms * history_tokens)
-        cost_ms += model.c2_ms * history_tokens
-        self.reserved[request_id] = (new_tokens, cost_ms)
-        self.used_ms += cost_ms
+        c1, c2, c3, c4 = model.c1_ms, model.c2_ms, model.c3_ms, model.c4_ms
+        charged = self.charged
+        total_ms = 0.0
+        for request_id, new_tokens, history_tokens in decodes:
+            cost_ms = new_tokens * (c1 + c3 * new_tokens + c4 * history_tokens) + c2 * history_tokens
+            charged[request_id] = (new_tokens, history_tokens, cost_ms)
+            total_ms += cost_ms
+        self.used_ms += total_ms
+        self.charged_ms += total_ms
 
     def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
         """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
@@ -370,39 +379,47 @@ class StepBudget:
             # The step's first prefill advances by at least the floor (or its whole tail),
             # even when decodes fill the budget; alone in the batch it gets its own chunk.
             chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
-            if not self.charged and not self.reserved:
+            if not self.charged:
                 chunk = max(chunk, wanted)
         return max(0, min(chunk, allowed_tokens))
 
-    def charge_reserved(self, request_id: str, new_tokens: int, history_tokens: int) -> bool:
-        """A reserved decode is in the batch as reserved (already counted); False if it is not that."""
-        reservation = self.reserved.get(request_id)
-        if reservation is None or reservation[0] != new_tokens:
-            return False
-        del self.reserved[request_id]
-        self.charged_ms += reservation[1]
-        self.charged[request_id] = (new_tokens, history_tokens, reservation[1])
-        return True
+    def charge(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
+        """A request is in the batch with ``new_tokens``: count its cost.
 
-    def charge(self, request_id: str, new_tokens: int, history_tokens: int, is_prefill: bool) -> None:
-        """A request is in the batch with ``new_tokens``: count its cost (a reserved decode is already in)."""
-        if self.charge_reserved(request_id, new_tokens, history_tokens):
-            return
-        reservation = self.reserved.pop(request_id, None)  # a decode scheduled otherwise than reserved
-        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
-        self.used_ms += cost_ms - (reservation[1] if reservation is not None else 0.0)
-        if is_prefill:
+        A decode scheduled as reserved is already in; one scheduled otherwise (more or
+        fewer speculative tokens) is counted again. Any request not reserved as a
+        decode is a prefill.
+        """
+        previous = self.charged.get(request_id)
+        if previous is not None:
+            if previous[0] == new_tokens and previous[1] == history_tokens:
+                return
+            self.used_ms -= previous[2]
+            self.charged_ms -= previous[2]
+        else:
             self.prefills.add(request_id)
+        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+        self.used_ms += cost_ms
         self.charged_ms += cost_ms
         self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
 
     def refund(self, request_id: str) -> None:
-        """A request charged in this step was preempted again within it."""
+        """A request charged (or reserved) in this step leaves it: preempted within the step."""
         charged = self.charged.pop(request_id, None)
         if charged is not None:
             self.used_ms -= charged[2]
             self.charged_ms -= charged[2]
         self.prefills.discard(request_id)
+
+    def settle(self, scheduled: Collection[str]) -> None:
+        """End of step: refund reservations of decodes the step did not schedule.
+
+        Every scheduled request is charged, so equal sizes mean equal sets: the usual
+        step costs one comparison.
+        """
+        if len(self.charged) != len(scheduled):
+            for request_id in [r for r in self.charged if r not in scheduled]:
+                self.refund(request_id)
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """The step's (chunk_tokens, history_tokens) pairs, in the order they were charged."""

@@ -8,10 +8,11 @@ only the bookkeeping:
 - start-up: ``run_profiling_chunk_init(executor)`` gets an accepted latency model
   (core/cpp_profiling.py); without one the hooks stay off and vLLM's own loop schedules
   fixed chunks of max_num_batched_tokens;
-- each step: running decodes are reserved at their true history, then every prefill,
-  running or waiting, is granted its chunk at its true history (prefix-cache hits
-  included); a grant of 0 skips a running request and stops admission of waiting ones,
-  so FCFS order holds;
+- each step that holds or may admit a prefill: running decodes are reserved at their
+  true history, then every prefill, running or waiting, is granted its chunk at its true
+  history (prefix-cache hits included); a grant of 0 skips a running request and stops
+  admission of waiting ones, so FCFS order holds. A step with no prefill left and none
+  waiting holds decodes only and is not sized (nor looked at per request);
 - the batch-time target is planned again only when the set of held prefills changes
   (an arrival, a prompt finished, a preemption), from the prefills in FCFS order, the
   decodes' share of a batch and the largest batch still in flight;
@@ -79,6 +80,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_prefill_steps = 0
         self._cpp_plan_key: tuple | None = None
         self._cpp_batches: dict[int, CppBatch] = {}  # id(SchedulerOutput) -> its plan, until its output
+        self._cpp_sizing = False  # this step holds or may admit a prefill
+        self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
 
     # ------------------------------------------------------------------ start-up
     def run_profiling_chunk_init(self, model_executor: Any = None, *, measure=None) -> None:
@@ -152,8 +155,14 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if budget is None:
             return token_budget
         budget.start()
+        # A running request becomes a prefill only by admission from the waiting queue, so
+        # with none waiting and no prefill left from the last sized step, the step holds
+        # decodes only: nothing to size, and the per-request bookkeeping is skipped.
+        self._cpp_sizing = bool(self._cpp_open_prefills or self.waiting)
+        if not self._cpp_sizing:
+            return token_budget
         prefills = []
-        reserve = budget.reserve
+        decodes = []
         for request in self.running:
             history_tokens = request.num_computed_tokens
             num_tokens = request.num_tokens
@@ -166,7 +175,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if request.spec_token_ids:
                 new_tokens += len(request.spec_token_ids)
             if new_tokens > 0:
-                reserve(request.request_id, new_tokens, history_tokens)
+                decodes.append((request.request_id, new_tokens, history_tokens))
+        budget.reserve_decodes(decodes)
+        self._cpp_open_prefills = prefills  # and, after the step, the prefills it admitted
         self._plan_if_prefills_changed(prefills)
         return token_budget
 
@@ -178,7 +189,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         a batch carries 1/P of their cost.
         """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
-        key = tuple(r.request_id for r in running_prefills) + tuple(r.request_id for r in waiting)
+        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting])
         if key == self._cpp_plan_key:
             return  # the same prefills in the same order (admission moves one from waiting to running)
         self._cpp_plan_key = key
@@ -199,7 +210,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         budget = self._cpp_budget
-        if budget is None or request.request_id in budget.reserved:
+        if budget is None or not self._cpp_sizing or request.request_id in budget.charged:
             return num_new_tokens  # a decode reserved at step start: never cut
         remaining_tokens = request.num_tokens - request.num_computed_tokens
         if remaining_tokens <= 1:
@@ -208,15 +219,14 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_waiting_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> int:
         budget = self._cpp_budget
-        if budget is None:
+        if budget is None:  # (a waiting request makes the step a sized one)
             return num_new_tokens
         return budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
 
     def charge_scheduled_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> None:
         budget = self._cpp_budget
-        if budget is not None and not budget.charge_reserved(request.request_id, num_new_tokens, history_tokens):
-            is_prefill = request.num_tokens - history_tokens > 1
-            budget.charge(request.request_id, num_new_tokens, history_tokens, is_prefill)
+        if budget is not None and self._cpp_sizing:
+            budget.charge(request.request_id, num_new_tokens, history_tokens)
 
     def refund_scheduled_tokens(self, request: Any) -> None:
         if self._cpp_budget is not None:
@@ -227,6 +237,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
         scheduler_output = super().schedule(*args, **kwargs)
         budget = self._cpp_budget
         timed = False
+        if budget is not None and self._cpp_sizing:
+            budget.settle(scheduler_output.num_scheduled_tokens)
+            # The prefills still short of their prompt after this step; admitted ones included.
+            requests, charged = self.requests, budget.prefills
+            candidates = [r for r in self._cpp_open_prefills if r.request_id not in charged]
+            candidates += [requests[r] for r in charged if r in requests]
+            self._cpp_open_prefills = [r for r in candidates if r.num_tokens - r.num_computed_tokens > 1]
         if budget is not None and budget.charged:
             config = self.cpp_config
             if budget.prefills and config.need_timing:

@@ -371,6 +371,26 @@ def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
     assert json.loads((cache_dir / cache_file.name).read_text())["coefficients"]["c3_ms"] > 0
 
 
+@pytest.mark.parametrize("coefficient", [1e9, 1e308], ids=["1e9", "1e308"])
+def test_absurd_cached_coefficients_never_reach_the_schedule(tmp_path, profiled, coefficient):
+    """A cache file whose coefficients were edited: the scheduler runs on a fit of its samples, step for step."""
+    source = cpp_profile_store.cache_file(
+        profiled[0] / "cache", cpp_profile_store.fingerprint_for(profiled[2].vllm_config)
+    )
+    data = json.loads(source.read_text())
+    data["coefficients"].update({name: coefficient for name in ("c1_ms", "c3_ms", "c4_ms")})
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    (cache_dir / source.name).write_text(json.dumps(data))
+    executor = FakeExecutor()
+    scheduler = cpp_scheduler(tmp_path, executor, cache_dir=cache_dir, model_dir=profiled[0] / "model")
+    reference = cached_scheduler(tmp_path / "reference", profiled)
+    assert not executor.calls and scheduler.cpp_rule.model == reference.cpp_rule.model
+    runs = [helpers.run_to_completion(s, [(0, request("long", 6000, 2))]) for s in (scheduler, reference)]
+    assert prefill_chunks(runs[0], "long") == prefill_chunks(runs[1], "long")
+    assert len(prefill_chunks(runs[0], "long")) < 6000 // 64
+
+
 def test_worker_failure_leaves_fixed_chunks_and_every_request_finishes(tmp_path):
     executor = FakeExecutor(fail_after=5)
     with mock.patch.object(cpp_profiling, "logger") as log:

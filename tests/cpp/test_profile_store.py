@@ -15,7 +15,7 @@ import pytest
 from cpp_samples import TRUE, start_up_samples
 from vllm_ascend.core import cpp_profiling
 from vllm_ascend.core.cpp_config import CppConfig
-from vllm_ascend.core.cpp_latency_model import accept
+from vllm_ascend.core.cpp_latency_model import NoisyFit, accept
 from vllm_ascend.core.cpp_profile_store import (
     MAX_PROFILE_BYTES,
     MAX_PROFILE_SAMPLES,
@@ -106,6 +106,69 @@ def edit(path: Path, change) -> None:
     data = json.loads(path.read_text())
     change(data)
     path.write_text(json.dumps(data))
+
+
+class BusyHost(Device):
+    """A host whose load moves each run by up to ``noise``; unless ``same_every_round``, round 2 mirrors round 1."""
+
+    def __init__(self, noise, *, same_every_round):
+        super().__init__()
+        self.noise, self.same_every_round, self.plan_runs = noise, same_every_round, None
+
+    def __call__(self, chunk_tokens, history_tokens):
+        self.runs += 1
+        index = self.runs - cpp_profiling.WARMUP_RUNS
+        round_index, position = divmod(max(index - 1, 0), self.plan_runs)
+        sign = 1.0 if self.same_every_round or round_index == 0 else -1.0
+        wobble = ((position * 7919) % 13 - 6) / 6  # in [-1, 1]
+        return TRUE.time_ms(chunk_tokens, history_tokens) * (1.0 + sign * self.noise * wobble)
+
+
+def start_up_plan():
+    return cpp_profiling.profile_plan(
+        base_chunk_size=BASE_CHUNK_TOKENS,
+        points=PROFILE_SETTINGS["profile_points"],
+        repeats=PROFILE_SETTINGS["profile_repeats"],
+        history_points=PROFILE_SETTINGS["profile_history_points"],
+        max_history_tokens=DOMAIN["max_history_tokens"],
+    )
+
+
+def busy_host(*, same_every_round):
+    device = BusyHost(0.4, same_every_round=same_every_round)
+    device.plan_runs = len(start_up_plan())
+    return device
+
+
+def test_a_noisy_profile_is_measured_once_more_and_accepted_on_both_rounds(tmp_path, warnings_logged):
+    one_round = cpp_profiling.collect_samples(
+        busy_host(same_every_round=False), start_up_plan(), (BASE_CHUNK_TOKENS, 0)
+    )
+    with pytest.raises(NoisyFit):
+        accept(one_round, **DOMAIN)
+    device = busy_host(same_every_round=False)
+    runs = device.plan_runs
+    model, samples, source = start(tmp_path, device)
+    assert model is not None and not warnings_logged
+    assert len(samples) == 2 * runs and device.runs == 2 * runs + cpp_profiling.WARMUP_RUNS
+    assert source.startswith(f"profiled ({2 * runs} runs")
+    assert model.time_ms(4096, 32_768) == pytest.approx(TRUE.time_ms(4096, 32_768), rel=0.02)
+
+
+def test_a_profile_still_noisy_after_the_second_round_keeps_fixed_chunks_with_one_warning(tmp_path, warnings_logged):
+    device = busy_host(same_every_round=True)
+    assert start(tmp_path, device) == (None, [], None)
+    assert device.runs == 2 * device.plan_runs + cpp_profiling.WARMUP_RUNS  # one more round, not more
+    assert len(warnings_logged) == 1 and "rejected" in warnings_logged[0]
+    assert not profile_file(tmp_path).exists()
+
+
+def test_a_profile_refused_for_its_shape_is_not_measured_again(tmp_path, warnings_logged):
+    device = Device()
+    flat = start(tmp_path, lambda c, h: device(c, h) * 0 + 5.0 + 0.001 * c)  # linear: no quadratic term
+    assert flat == (None, [], None)
+    assert device.runs == len(start_up_plan()) + cpp_profiling.WARMUP_RUNS
+    assert len(warnings_logged) == 1 and "quadratic" in warnings_logged[0]
 
 
 # ---------------------------------------------------------------- reuse

@@ -45,6 +45,10 @@ class FitError(ValueError):
     """A latency fit was rejected; the message names the rule that failed."""
 
 
+class NoisyFit(FitError):
+    """Rejected for scatter (fit error too large, or unstable without a fold of the points): more samples may fix it."""
+
+
 def batch_features(pairs: Iterable[tuple[int, int]]) -> np.ndarray:
     """The model's feature vector [1, sum C, sum H, sum C^2, sum C*H] of one step."""
     sum_c = sum_h = sum_cc = sum_ch = 0.0
@@ -199,7 +203,7 @@ class LatencyModel:
             )
         mape = float(np.mean(np.abs(relative)))
         if not mape <= MAX_FIT_MAPE:
-            raise FitError(f"fit error too large: MAPE {mape:.1%} > {MAX_FIT_MAPE:.0%} on {len(features)} points")
+            raise NoisyFit(f"fit error too large: MAPE {mape:.1%} > {MAX_FIT_MAPE:.0%} on {len(features)} points")
         return cls(*(float(c) for c in coef), mape=mape, num_points=len(features))
 
     # ---------------------------------------------------------------- evaluation
@@ -319,10 +323,10 @@ def accept(samples: Sequence[Sequence[float]], *, max_chunk_tokens: int, max_his
         try:
             partial = LatencyModel.fit(chunks[keep], histories[keep], latencies[keep])
         except FitError as error:
-            raise FitError(f"unstable fit: without 1/{STABILITY_FOLDS} of the points it fails ({error})") from None
+            raise NoisyFit(f"unstable fit: without 1/{STABILITY_FOLDS} of the points it fails ({error})") from None
         spread = float(np.max(np.abs(partial.time_ms(grid_c, grid_h) / full - 1.0)))
         if not spread <= MAX_DOMAIN_SPREAD:
-            raise FitError(
+            raise NoisyFit(
                 f"unstable fit: without 1/{STABILITY_FOLDS} of the points its prediction moves by {spread:.0%} "
                 f"somewhere in chunks <= {max_chunk_tokens}, history <= {max_history_tokens} "
                 f"(limit {MAX_DOMAIN_SPREAD:.0%}); profile more points or a wider history range"

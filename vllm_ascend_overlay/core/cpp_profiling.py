@@ -10,6 +10,10 @@
    history values, each with two chunk sizes, whose sequences carry H cached tokens, H
    spread up to what the context and the KV cache allow, so the C*H term is measured
    rather than extrapolated.
+   If the fit is refused for scatter (core/cpp_latency_model.py ``NoisyFit``: fit error
+   too large, or unstable when a fold of the points is left out), the same runs are
+   measured once more and the fit takes the median of both rounds per point: a noisy
+   host pays a longer start-up, a quiet one nothing.
 3. Each sample is the slowest worker's time. Under pipeline parallelism every stage
    runs its own layers on dummy inputs and times only its own compute; the slowest
    stage sets the pipeline's pace, so that is what a chunk costs the pipeline. Timed
@@ -32,7 +36,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm.logger import init_logger
-from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept
+from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, NoisyFit, accept
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
 
 logger = init_logger(__name__)
@@ -40,6 +44,7 @@ logger = init_logger(__name__)
 PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
 PROFILE_RPC_TIMEOUT_S = 300.0
+UNSTABLE_RETRIES = 1  # rounds of the same runs added when the fit is too noisy
 
 MeasureFn = Callable[[int, int], float]
 
@@ -98,9 +103,9 @@ def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TI
     return measure
 
 
-def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup: tuple[int, int]) -> list:
-    """Warm-up runs (dropped), then every planned run as (chunk_tokens, history_tokens, latency_ms)."""
-    for _ in range(WARMUP_RUNS):
+def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup: tuple[int, int] | None) -> list:
+    """Warm-up runs (dropped; none if ``warmup`` is None), then every planned run as (chunk, history, ms)."""
+    for _ in range(WARMUP_RUNS if warmup is not None else 0):
         measure(*warmup)
     return [(chunk, history, measure(chunk, history)) for chunk, history in plan]
 
@@ -138,22 +143,35 @@ def initialise_profile(
         history_points=config.profile_history_points,
         max_history_tokens=max_history_tokens,
     )
-    try:
-        samples = collect_samples(measure, plan, warmup=(base_chunk_tokens, 0))
-    except Exception as error:  # a worker failed or timed out: degrade, never take the server down
-        logger.warning(
-            "[CPP] start-up profiling failed (%s: %s); fixed chunking at %d tokens for this run",
-            type(error).__name__,
-            error,
-            base_chunk_tokens,
-        )
-        return None, [], None
-    try:
-        model = accept(samples, **domain)
-    except FitError as error:
-        logger.warning("[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens)
-        return None, [], None
-    source = f"profiled ({len(plan)} runs after {WARMUP_RUNS} warm-up)"
+    samples: list = []
+    model = None
+    for attempt in range(1 + UNSTABLE_RETRIES):
+        try:
+            samples += collect_samples(measure, plan, warmup=(base_chunk_tokens, 0) if attempt == 0 else None)
+        except Exception as error:  # a worker failed or timed out: degrade, never take the server down
+            logger.warning(
+                "[CPP] start-up profiling failed (%s: %s); fixed chunking at %d tokens for this run",
+                type(error).__name__,
+                error,
+                base_chunk_tokens,
+            )
+            return None, [], None
+        try:
+            model = accept(samples, **domain)
+            break
+        except NoisyFit as error:
+            if attempt == UNSTABLE_RETRIES:
+                logger.warning(
+                    "[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens
+                )
+                return None, [], None
+            logger.info("[CPP] start-up profile too noisy (%s); measuring the same %d runs once more", error, len(plan))
+        except FitError as error:
+            logger.warning(
+                "[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens
+            )
+            return None, [], None
+    source = f"profiled ({len(samples)} runs after {WARMUP_RUNS} warm-up)"
     if path is not None:
         try:
             save_profile(

@@ -20,6 +20,8 @@ def test_plan_follows_the_seed_sizes_with_repeats_and_history_runs():
     assert all(h % 128 == 0 and h <= 100_000 for _, h in with_history)
     assert {c for c, _ in with_history} == {4096, 1024}  # two sizes per history: c2*H and c4*C*H separable
     assert len(with_history) == 4 * 2 * 3
+    one_pass = plan[: len(plan) // 3]
+    assert plan == one_pass * 3 and len(set(one_pass)) == len(one_pass)  # passes, not repeats in a row
 
 
 def test_plan_without_room_for_history_has_only_fresh_runs():

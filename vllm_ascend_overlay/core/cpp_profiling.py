@@ -5,11 +5,11 @@
 1. A cached profile whose fingerprint matches (core/cpp_profile_store.py) is adopted
    when its samples pass the same acceptance as a fresh profile: no profiling run.
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
-   then ``profile_points`` chunk sizes from the base chunk down towards 0, each
-   ``profile_repeats`` times (the fit keeps the median), then ``profile_history_points``
-   history values, each with two chunk sizes, whose sequences carry H cached tokens, H
-   spread up to what the context and the KV cache allow, so the C*H term is measured
-   rather than extrapolated.
+   then ``profile_points`` chunk sizes from the base chunk down towards 0 and
+   ``profile_history_points`` history values, each with two chunk sizes, whose sequences
+   carry H cached tokens, H spread up to what the context and the KV cache allow, so the
+   C*H term is measured rather than extrapolated; ``profile_repeats`` passes over all of
+   them (the fit keeps each point's median).
    If the fit is refused for scatter (core/cpp_latency_model.py ``NoisyFit``: fit error
    too large, or unstable when a fold of the points is left out), the same runs are
    measured once more and the fit takes the median of both rounds per point: a noisy
@@ -61,17 +61,20 @@ def profile_plan(
     """(chunk_tokens, history_tokens) runs after the warm-up, in measurement order.
 
     Sizes go from the base chunk down towards 0 in ``points`` even steps (as upstream
-    samples them); each is run ``repeats`` times in a row. History runs take H spread evenly
-    up to ``max_history_tokens`` (rounded down to ``align``), each with two chunk sizes
-    (a half and an eighth of the base chunk): with one size the history's own cost (c2*H)
-    and the chunk's attention over it (c4*C*H) could not be told apart.
+    samples them). History runs take H spread evenly up to ``max_history_tokens``
+    (rounded down to ``align``), each with two chunk sizes (a half and an eighth of the
+    base chunk): with one size the history's own cost (c2*H) and the chunk's attention
+    over it (c4*C*H) could not be told apart. The plan is ``repeats`` passes over all of
+    these points, not each point ``repeats`` times in a row: a host whose speed drifts
+    (load, clocks) then spreads the drift over every point, where the median and the fit
+    absorb it, instead of shifting the few points measured during a slow spell.
     """
     sizes = []
     for index in range(points):
         size = int(base_chunk_size - index * base_chunk_size / points)
         if size >= 1 and size not in sizes:
             sizes.append(size)
-    plan = [(size, 0) for size in sizes for _ in range(repeats)]
+    one_pass = [(size, 0) for size in sizes]
     history_chunks = sorted({max(1, base_chunk_size // 2), max(1, base_chunk_size // 8)}, reverse=True)
     if history_points > 0 and max_history_tokens >= align:
         histories = []
@@ -79,8 +82,8 @@ def profile_plan(
             history = int(max_history_tokens * index / history_points) // align * align
             if history > 0 and history not in histories:
                 histories.append(history)
-        plan += [(chunk, history) for history in histories for chunk in history_chunks for _ in range(repeats)]
-    return plan
+        one_pass += [(chunk, history) for history in histories for chunk in history_chunks]
+    return one_pass * repeats
 
 
 def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TIMEOUT_S) -> MeasureFn:

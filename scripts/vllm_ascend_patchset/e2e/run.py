@@ -67,14 +67,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_command(policy: Policy, model_dir: Path, port: int, profile_dir: Path) -> list[str]:
+def serve_command(
+    policy: Policy, model_dir: Path, port: int, profile_dir: Path, max_model_len: int = MAX_MODEL_LEN
+) -> list[str]:
     """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
     cpp = {"fixed": "none"}.get(policy.kind, policy.kind)
     command = [sys.executable, "-m", "vllm_ascend_patchset.e2e.serve", "--cpp", cpp, "--", str(model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
     command += ["--pipeline-parallel-size", str(PIPELINE_STAGES), "--enable-chunked-prefill"]
     command += ["--max-num-batched-tokens", str(policy.max_num_batched_tokens)]
-    command += ["--max-model-len", str(MAX_MODEL_LEN)]
+    command += ["--max-model-len", str(max_model_len)]
     command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     if policy.kind != "fixed":
@@ -106,13 +108,19 @@ class Server:
     """One ``vllm serve`` process group with its log; a context manager that always stops it."""
 
     def __init__(
-        self, policy: Policy, model_dir: Path, log_path: Path, profile_dir: Path, extra_env: dict | None = None
+        self,
+        policy: Policy,
+        model_dir: Path,
+        log_path: Path,
+        profile_dir: Path,
+        extra_env: dict | None = None,
+        max_model_len: int = MAX_MODEL_LEN,
     ) -> None:
         self.policy = policy
         self.extra_env = extra_env or {}
         self.port = free_port()
         self.log_path = log_path
-        self.command = serve_command(policy, model_dir, self.port, profile_dir)
+        self.command = serve_command(policy, model_dir, self.port, profile_dir, max_model_len)
         self.proc: subprocess.Popen | None = None
         self._shm_before: set[str] = set()
         self.leftovers: list[str] = []
@@ -238,7 +246,10 @@ def smoke(args: argparse.Namespace) -> int:
     policy = ours(args.chunk)
     failures: list[str] = []
     for attempt, expect in ((1, "profiled"), (2, "cache")):
-        server = Server(policy, model_dir, work / f"server-{attempt}.log", profile_dir)
+        # The context the prompt needs, not the bench's 32k: the profile's history range, where
+        # the fit must hold, is what the smoke serves.
+        max_model_len = args.prompt_tokens + 1024
+        server = Server(policy, model_dir, work / f"server-{attempt}.log", profile_dir, max_model_len=max_model_len)
         try:
             with server:
                 log = server.log_text()

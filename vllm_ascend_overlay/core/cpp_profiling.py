@@ -147,7 +147,6 @@ def initialise_profile(
         max_history_tokens=max_history_tokens,
     )
     samples: list = []
-    model = None
     for attempt in range(1 + UNSTABLE_RETRIES):
         try:
             samples += collect_samples(measure, plan, warmup=(base_chunk_tokens, 0) if attempt == 0 else None)
@@ -162,14 +161,12 @@ def initialise_profile(
         try:
             model = accept(samples, **domain)
             break
-        except NoisyFit as error:
-            if attempt == UNSTABLE_RETRIES:
-                logger.warning(
-                    "[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens
-                )
-                return None, [], None
-            logger.info("[CPP] start-up profile too noisy (%s); measuring the same %d runs once more", error, len(plan))
         except FitError as error:
+            if isinstance(error, NoisyFit) and attempt < UNSTABLE_RETRIES:
+                logger.info(
+                    "[CPP] start-up profile too noisy (%s); measuring the same %d runs once more", error, len(plan)
+                )
+                continue
             logger.warning(
                 "[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens
             )

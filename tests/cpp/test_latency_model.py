@@ -240,6 +240,39 @@ def test_a_normal_start_up_profile_is_accepted_and_predicts_its_range(noise):
                 assert model.time_ms(chunk, history) == pytest.approx(TRUE.time_ms(chunk, history), rel=0.15)
 
 
+# A CPU-like step (fitted on the CPU engine at PP = 2): a large share of linear work.
+CPU_LIKE = LatencyModel(c0_ms=10.0, c1_ms=0.087, c2_ms=0.0025, c3_ms=5e-5, c4_ms=1e-4)
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.01])
+def test_leaving_out_the_smallest_chunk_is_extrapolation_not_instability(noise):
+    """The smallest chunk runs 30% under the model's line (a CPU's short steps): a refit without
+    it extrapolates there and moves by more than the limit, yet it is judged only where it measured.
+    """
+    domain = {"max_chunk_tokens": 2048, "max_history_tokens": 15_360}
+    samples = start_up_samples(CPU_LIKE, base_chunk_tokens=2048, points=32, noise=noise, max_history_tokens=15_360)
+    smallest = min(c for c, _, _ in samples)
+    samples = [(c, h, t * 0.7 if (c, h) == (smallest, 0) else t) for c, h, t in samples]
+    full = LatencyModel.fit(*(np.array(column, dtype=float) for column in zip(*samples, strict=True)))
+    rest = [row for row in samples if (row[0], row[1]) != (smallest, 0)]
+    without = LatencyModel.fit(*(np.array(column, dtype=float) for column in zip(*rest, strict=True)))
+    assert without.time_ms(smallest, 0) / full.time_ms(smallest, 0) - 1 > 0.25  # what used to refuse it
+    model = accept(samples, **domain)
+    chunks, histories = np.meshgrid(np.geomspace(2 * smallest, 2048, 6), np.linspace(0, 15_360, 5))
+    error = np.abs(model.time_ms(chunks, histories) / CPU_LIKE.time_ms(chunks, histories) - 1)
+    assert np.max(error) <= 0.25  # the limit the rule stands for
+
+
+def test_a_smallest_chunk_that_bends_the_whole_fit_is_still_refused():
+    """Far enough off (40% under the line) the point drags the full fit off the other points: refused."""
+    domain = {"max_chunk_tokens": 2048, "max_history_tokens": 15_360}
+    samples = start_up_samples(CPU_LIKE, base_chunk_tokens=2048, points=32, noise=0.0, max_history_tokens=15_360)
+    smallest = min(c for c, _, _ in samples)
+    samples = [(c, h, t * 0.6 if (c, h) == (smallest, 0) else t) for c, h, t in samples]
+    with pytest.raises(FitError, match="unstable fit"):
+        accept(samples, **domain)
+
+
 def outcome(samples, max_history_tokens):
     try:
         accept(samples, max_chunk_tokens=8192, max_history_tokens=max_history_tokens)

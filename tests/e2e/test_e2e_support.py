@@ -35,6 +35,9 @@ def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path
     assert _flag(ours, "--worker-extension-cls") == run.WORKER_EXTENSION
     config = json.loads(_flag(ours, "--additional-config"))["profiling_chunk_config"]
     assert config == {"enabled": True, **run.OURS_PROFILE, "cache_dir": str(tmp_path / "p")}
+    smoke = run.serve_command(run.ours(2048, profile_points=16), tmp_path, 1237, tmp_path / "p")
+    smoke_config = json.loads(_flag(smoke, "--additional-config"))["profiling_chunk_config"]
+    assert smoke_config == {**config, "profile_points": 16}
     upstream = run.serve_command(run.upstream(2048), tmp_path, 1236, tmp_path / "p")
     assert _flag(upstream, "--cpp") == "upstream" and _flag(upstream, "--scheduler-cls") == run.UPSTREAM_SCHEDULER
     assert "cache_dir" not in _flag(upstream, "--additional-config")

@@ -49,6 +49,7 @@ PROFILED_RE = re.compile(r"\[CPP\] latency model .* from (profiled .*|cache .*)"
 WORKER_PROFILE_MARK = "[CPP e2e] start-up profiling run"
 UPSTREAM_PROFILED_MARK = "[ProfilingChunk] Profiling completed successfully"
 UPSTREAM_PROFILED = "profiled (upstream's start-up profiling)"
+CPP_LOG_MARK = "[CPP] "  # ours' decisions (the e2e workers' per-run lines are "[CPP e2e]")
 
 
 # The servers run the twin's policies, so that names and settings match its prediction.
@@ -56,9 +57,15 @@ fixed = twin_policies.fixed
 upstream = twin_policies.upstream
 
 
-def ours(chunk_tokens: int) -> Policy:
+# The smoke checks the path (profile, accept, save, adopt), not how a CPU's tiniest steps fit:
+# under ~100 tokens a CPU step is no fixed cost plus linear work, and 32 sizes from 64
+# tokens put that bend at the edge of the range the fit is judged on. 16 sizes start at 128.
+SMOKE_PROFILE_POINTS = 16
+
+
+def ours(chunk_tokens: int, **overrides: int) -> Policy:
     """Ours with the e2e profiling settings (the twin predicts with the same)."""
-    return twin_policies.ours(chunk_tokens, **OURS_PROFILE)
+    return twin_policies.ours(chunk_tokens, **{**OURS_PROFILE, **overrides})
 
 
 def free_port() -> int:
@@ -243,7 +250,7 @@ def smoke(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     model_dir = write_tiny_qwen3(E2E_CACHE / "model")
     profile_dir = work / "profiles"
-    policy = ours(args.chunk)
+    policy = ours(args.chunk, profile_points=SMOKE_PROFILE_POINTS)
     failures: list[str] = []
     for attempt, expect in ((1, "profiled"), (2, "cache")):
         # The context the prompt needs, not the bench's 32k: the profile's history range, where
@@ -271,6 +278,8 @@ def smoke(args: argparse.Namespace) -> int:
         failures += [f"start {attempt}: {leftover}" for leftover in server.leftovers]
         if failures:
             print(f"--- tail of {server.log_path} ---\n{server.log_tail()}", file=sys.stderr)
+            cpp_lines = [line for line in server.log_text().splitlines() if CPP_LOG_MARK in line]
+            print("--- its CPP lines ---", *cpp_lines, sep="\n", file=sys.stderr)  # why no model, last
             break
     saved = sorted(p.name for p in profile_dir.glob("cpp-profile-*.json"))
     print(f"smoke: profiles saved {saved}; {time.monotonic() - started:.0f} s")

@@ -349,12 +349,11 @@ class StepBudget:
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
-        model = self.rule.model
-        c1, c2, c3, c4 = model.c1_ms, model.c2_ms, model.c3_ms, model.c4_ms
+        request_ms = self.rule.model.request_ms
         charged = self.charged
         total_ms = 0.0
         for request_id, new_tokens, history_tokens in decodes:
-            cost_ms = new_tokens * (c1 + c3 * new_tokens + c4 * history_tokens) + c2 * history_tokens
+            cost_ms = request_ms(new_tokens, history_tokens)
             charged[request_id] = (new_tokens, history_tokens, cost_ms)
             total_ms += cost_ms
         self.used_ms += total_ms

@@ -251,11 +251,11 @@ def smoke(args: argparse.Namespace) -> int:
     model_dir = write_tiny_qwen3(E2E_CACHE / "model")
     profile_dir = work / "profiles"
     policy = ours(args.chunk, profile_points=SMOKE_PROFILE_POINTS)
+    # The context the prompt needs, not the bench's 32k: the profile's history range, where
+    # the fit must hold, is what the smoke serves.
+    max_model_len = args.prompt_tokens + 1024
     failures: list[str] = []
     for attempt, expect in ((1, "profiled"), (2, "cache")):
-        # The context the prompt needs, not the bench's 32k: the profile's history range, where
-        # the fit must hold, is what the smoke serves.
-        max_model_len = args.prompt_tokens + 1024
         server = Server(policy, model_dir, work / f"server-{attempt}.log", profile_dir, max_model_len=max_model_len)
         try:
             with server:

@@ -164,11 +164,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="thread", help="what a latency is (see CLOCKS)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)")
     parser.add_argument("--seed", type=int, default=0)
+    defaults = TinyQwen3Shape()
+    parser.add_argument("--hidden-size", type=int, default=defaults.hidden_size)
+    parser.add_argument("--num-layers", type=int, default=defaults.num_layers)
+    parser.add_argument("--num-heads", type=int, default=defaults.num_heads)
+    parser.add_argument("--num-kv-heads", type=int, default=defaults.num_kv_heads)
+    parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
+    parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
     args = parser.parse_args(argv)
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
-    shape = TinyQwen3Shape()
+    shape = TinyQwen3Shape(
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate_size,
+    )
     model = TinyQwen3(shape).eval()
     max_history = max(args.histories)
     kv_caches = [

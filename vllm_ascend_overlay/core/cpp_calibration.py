@@ -1,41 +1,44 @@
-"""Online calibration of the CPP latency model from timed steps.
+"""Online calibration of the CPP latency model from timed steps: the measured table, refined where steps ran.
 
-The start-up profile measures single requests on dummy inputs; real steps mix
-requests, carry decodes and run on real data. Timed steps (the slowest stage's compute,
-the same quantity the profile measures) go into a window; every ``refit_every``
-records, if the current model is off by more than 5% on the window, it is refitted two
-ways, on the profile rows plus the window and on the window alone, and a candidate is
-adopted only if it halves the current model's error on the window and keeps the
-reference time (a full chunk without history) within ``max_shift`` of the current one.
-A window whose steps are all of about one size (a series of health checks, one prompt
-length) is not refitted on: it cannot tell the fixed cost from the per-token ones.
-Without an accepted profile nothing is adopted. Rows carry their source (``profile`` or ``step``).
-Pure numpy; logging through vLLM.
+The start-up profile measures single requests on dummy inputs; real steps mix requests,
+carry decodes and run on real data. Timed steps (the slowest stage's compute, the same
+quantity the profile measures) go into a window of the last ``window_size``. Every
+``refit_every`` records, if the current model is off by more than ``CALIBRATED_ERROR``
+(mean relative error) on the window, a corrected table is made: each step's error,
+log(measured / predicted), is laid on the four grid points around its largest request
+(bilinear weights in log C and H) and every grid point moves by the weighted mean of
+what it received, shrunk towards no change by ``PRIOR_WEIGHT`` steps' worth of trust
+in the profile and bounded by ``max_shift``; the table is then made monotone again. So
+the model changes only where steps ran, by what they measured, and a series of odd
+steps (health checks) moves only the few points around them. The corrected table is
+adopted only if it halves the current model's error on the window. Pure Python and
+numpy: no vLLM, no I/O.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from vllm.logger import init_logger
-from vllm_ascend.core.cpp_latency_model import MIN_FIT_POINTS, NUM_FEATURES, FitError, LatencyModel, batch_features
+from vllm_ascend.core.cpp_latency_model import LatencyModel, batch_features, monotone_grid
+from vllm_ascend.core.cpp_samples import MAX_LATENCY_MS, MIN_LATENCY_MS, SampleError, check_sample
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)
 
-PROFILE, STEP = "profile", "step"
-CALIBRATED_ERROR = 0.05  # a model within this mean error on the window is not refitted
-MIN_WINDOW_SPREAD = 2.0  # a refit needs steps whose token counts, or histories, differ by this factor
+CALIBRATED_ERROR = 0.05  # a model within this mean error on the window is not corrected
+PRIOR_WEIGHT = 2.0  # a grid point trusts its profiled value as much as this many steps
+MIN_WINDOW = 8  # steps in the window before the first correction
+MAX_WINDOW = 4096
 
 
 @dataclass(frozen=True)
-class CalibrationRow:
-    features: np.ndarray  # [1, sum C, sum H, sum C^2, sum C*H]
+class StepRow:
+    pairs: tuple[tuple[int, int], ...]  # the step's (chunk_tokens, history_tokens)
     measured_ms: float
-    source: str  # PROFILE or STEP
 
 
 class OnlineCalibration:
@@ -44,79 +47,91 @@ class OnlineCalibration:
     def __init__(
         self,
         model: LatencyModel,
-        profile_samples: Iterable[Sequence[float]],
         *,
-        reference_chunk_tokens: int,
         window_size: int = 30,
         refit_every: int = 8,
         max_shift: float = 0.25,
     ) -> None:
         self.model = model
-        self.reference_chunk_tokens = int(reference_chunk_tokens)
         self.refit_every = max(1, int(refit_every))
         self.max_shift = float(max_shift)
-        self.profile_rows = [
-            CalibrationRow(batch_features([(int(c), int(h))]), float(ms), PROFILE) for c, h, ms in profile_samples
-        ]
-        self.window: deque[CalibrationRow] = deque(maxlen=max(MIN_FIT_POINTS, int(window_size)))
+        self.window: deque[StepRow] = deque(maxlen=min(MAX_WINDOW, max(MIN_WINDOW, int(window_size))))
         self.refits_adopted = 0
         self._since_refit = 0
 
-    def rows(self) -> list[CalibrationRow]:
-        """Every row a refit may use, tagged by source."""
-        return [*self.profile_rows, *self.window]
-
     def record(self, pairs: Sequence[tuple[int, int]], measured_ms: float) -> LatencyModel | None:
         """One timed step as its (chunk_tokens, history_tokens) pairs; the new model if one was adopted."""
-        features = batch_features(pairs)
-        if not (math.isfinite(measured_ms) and measured_ms > 0) or not features[1] > 0:
+        if not (isinstance(measured_ms, int | float) and MIN_LATENCY_MS <= measured_ms <= MAX_LATENCY_MS):
             return None
-        if not np.all(np.isfinite(features)):
+        try:
+            for chunk, history in pairs:
+                check_sample((chunk, history, measured_ms))
+        except (SampleError, TypeError, ValueError):
             return None
-        self.window.append(CalibrationRow(features, float(measured_ms), STEP))
+        row = StepRow(batch_features(pairs), float(measured_ms))
+        if not row.pairs:
+            return None
+        self.window.append(row)
         self._since_refit += 1
-        if self._since_refit < self.refit_every or len(self.window) < MIN_FIT_POINTS:
+        if self._since_refit < self.refit_every or len(self.window) < MIN_WINDOW:
             return None
         self._since_refit = 0
-        tokens = [row.features[1] for row in self.window]
-        histories = [row.features[2] for row in self.window]
-        if max(tokens) < MIN_WINDOW_SPREAD * min(tokens) and max(histories) <= MIN_WINDOW_SPREAD * min(histories):
-            return None  # steps of about one size (health checks, one prompt length) say too little
         return self._refit()
 
     def window_error(self, model: LatencyModel) -> float:
         """Mean relative error of ``model`` on the window's steps."""
-        rows = np.array([row.features for row in self.window]).reshape(-1, NUM_FEATURES)
-        measured = np.array([row.measured_ms for row in self.window])
-        return float(np.mean(np.abs(model.features_time_ms(rows) - measured) / measured))
+        errors = [abs(model.batch_time_ms(row.pairs) / row.measured_ms - 1.0) for row in self.window]
+        return float(np.mean(errors)) if errors else 0.0
+
+    def corrected(self) -> LatencyModel:
+        """The current model with its grid points moved by the window's errors (see the module docstring)."""
+        model = self.model
+        nodes = np.log(np.array(model.chunk_tokens, dtype=np.float64))
+        levels = np.array(model.history_tokens, dtype=np.float64)
+        evidence = np.zeros((len(levels), len(nodes)))
+        weight = np.zeros_like(evidence)
+        for row in self.window:
+            predicted = model.batch_time_ms(row.pairs)
+            chunk, history = max(row.pairs, key=lambda pair: model.request_ms(*pair))
+            log_error = math.log(row.measured_ms / predicted)
+            x = min(max(math.log(max(chunk, 1)), nodes[0]), nodes[-1])
+            i = min(int(np.searchsorted(nodes, x, side="right")) - 1, len(nodes) - 2)
+            wx = (x - nodes[i]) / (nodes[i + 1] - nodes[i])
+            if len(levels) == 1:
+                j, wy, rows = 0, 0.0, (0, 0)
+            else:
+                y = min(max(float(history), levels[0]), levels[-1])
+                j = min(int(np.searchsorted(levels, y, side="right")) - 1, len(levels) - 2)
+                wy = (y - levels[j]) / (levels[j + 1] - levels[j])
+                rows = (j, j + 1)
+            for level, w_level in ((rows[0], 1.0 - wy), (rows[1], wy)):
+                for node, w_node in ((i, 1.0 - wx), (i + 1, wx)):
+                    evidence[level, node] += w_level * w_node * log_error
+                    weight[level, node] += w_level * w_node
+        bound = math.log1p(self.max_shift)
+        shift = np.clip(evidence / (weight + PRIOR_WEIGHT), -bound, bound)
+        grid = (np.array(model.step_ms) * np.exp(shift)).tolist()
+        rows = monotone_grid(grid, [[1.0] * len(nodes) for _ in levels])
+        fixed_ms = min(model.fixed_ms, rows[0][0])
+        return LatencyModel(
+            model.chunk_tokens,
+            model.history_tokens,
+            tuple(tuple(r) for r in rows),
+            fixed_ms,
+            scatter=model.scatter,
+            num_points=model.num_points,
+        )
 
     def _refit(self) -> LatencyModel | None:
-        current = self.model
-        reference_ms = current.time_ms(self.reference_chunk_tokens, 0)
-        best, best_error = current, self.window_error(current)
-        if best_error <= CALIBRATED_ERROR:
-            return None  # the model already predicts these steps: a refit could only overfit them
-        for sources in ((PROFILE, STEP), (STEP,)):
-            rows = [row for row in self.rows() if row.source in sources]
-            try:
-                candidate = LatencyModel.fit_features(
-                    np.array([row.features for row in rows]), [row.measured_ms for row in rows]
-                )
-            except FitError as error:
-                logger.debug("[CPP] online refit on %s rows rejected: %s", "+".join(sources), error)
-                continue
-            shift = candidate.time_ms(self.reference_chunk_tokens, 0) / reference_ms - 1.0
-            if abs(shift) > self.max_shift:
-                logger.debug(
-                    "[CPP] online refit on %s rows would move the model by %+.0f%%", "+".join(sources), 100 * shift
-                )
-                continue
-            error = self.window_error(candidate)
-            if error < best_error and error < self.window_error(current) / 2:
-                best, best_error = candidate, error
-        if best is current:
+        current_error = self.window_error(self.model)
+        if current_error <= CALIBRATED_ERROR:
+            return None  # the model already predicts these steps: a correction could only chase noise
+        candidate = self.corrected()
+        error = self.window_error(candidate)
+        if not error <= current_error / 2:
+            logger.debug("[CPP] online correction not adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error)
             return None
-        self.model = best
+        self.model = candidate
         self.refits_adopted += 1
-        logger.debug("[CPP] online refit adopted: c=%s, window error %.1f%%", best.coefficients, 100 * best_error)
-        return best
+        logger.debug("[CPP] online correction adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error)
+        return candidate

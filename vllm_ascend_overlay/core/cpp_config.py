@@ -8,14 +8,14 @@ is checked at start-up, and a bad value is an error that names the key and the f
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm_ascend.config_table import parse_section, raise_problems, setting
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "profiling_chunk_config"
 SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
@@ -56,14 +56,20 @@ class CppConfig:
     cache_dir: str = setting(
         "~/.cache/vllm_ascend/cpp", 'where fitted profiles are kept; `""` or null keeps none', nullable=True
     )
-    profile_points: int = setting(64, "chunk sizes profiled, from the base chunk down towards 0", low=16, high=1024)
-    profile_repeats: int = setting(3, "runs per profiled size; the median is kept", low=1, high=16)
+    profile_points: int = setting(
+        24,
+        "most chunk sizes profiled at each history length: 1, then 32, 64, 96, 128, 192, ... (powers of two and "
+        "1.5x them) up to `max_num_batched_tokens`; with fewer allowed, the 1.5x sizes go first",
+        low=8,
+        high=64,
+    )
+    profile_repeats: int = setting(2, "passes over every profiled point per round; the median is kept", low=1, high=16)
     profile_history_points: int = setting(
         4,
-        "history lengths profiled, each with two chunk sizes (a half and an eighth of the base chunk); a model "
-        "is used only where its samples reach at least half the history the scheduler will see",
-        low=2,
-        high=64,
+        "history lengths profiled besides 0, evenly up to the deepest the scheduler will see; every chunk size is "
+        "measured at each",
+        low=1,
+        high=32,
     )
     timing_every: int = setting(
         16, "after the first `max_fit_chunk` timed steps, time one prefill step in this many", low=1, high=1_000_000

@@ -4,10 +4,13 @@ A profile is the start-up samples (chunk_tokens, history_tokens, latency_ms) plu
 fingerprint of the setup they were measured on: model, dtype, quantisation, TP/PP
 sizes, token budget, KV block size, vLLM and patch-set versions, device and CANN. A
 file is untrusted input: it is read only up to ``MAX_PROFILE_BYTES``, must parse as the
-expected JSON, match the fingerprint and base chunk, and its samples are fitted again
-and accepted by the same rule as a fresh profile (core/cpp_latency_model.py ``accept``),
-so a cached profile is never trusted more than a new one. Any problem is a
-``ProfileCacheError`` naming it; the caller then profiles again.
+expected JSON with exact types (``schema_version`` and ``base_chunk_size`` integers, not
+``true`` or ``8192.0``), match the fingerprint and base chunk, and every sample must pass
+the one sample check (core/cpp_samples.py ``check_sample``: whole token counts, a
+latency a forward pass can take; never a string or a bool). The samples are then judged
+by the same rule as a fresh profile (core/cpp_acceptance.py), so a cached profile is
+never trusted more than a new one. Any problem is a ``ProfileCacheError`` naming it;
+the caller then profiles again.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_samples import SampleError, check_samples
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -31,7 +34,7 @@ __all__ = [
     "save_profile",
 ]
 
-PROFILE_SCHEMA_VERSION = 1
+PROFILE_SCHEMA_VERSION = 2  # 2: a grid of chunk sizes by history lengths, no fitted coefficients
 MAX_PROFILE_BYTES = 4 << 20  # a profile of a few thousand samples is ~100 kB
 MAX_PROFILE_SAMPLES = 20_000
 
@@ -135,7 +138,6 @@ def save_profile(
     *,
     fingerprint: Mapping,
     base_chunk_tokens: int,
-    model: LatencyModel,
     samples: Sequence[Sequence[float]],
 ) -> None:
     """Write the profile atomically (a temporary file renamed into place); OSError if it cannot."""
@@ -144,7 +146,6 @@ def save_profile(
         "schema_version": PROFILE_SCHEMA_VERSION,
         "fingerprint": _normal(dict(fingerprint)),
         "base_chunk_size": int(base_chunk_tokens),
-        "coefficients": model.to_dict(),
         "samples": [[int(c), int(h), float(ms)] for c, h, ms in samples],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,18 +178,18 @@ def load_profile(path: str | os.PathLike, *, fingerprint: Mapping, base_chunk_to
         raise ProfileCacheError(f"{type(error).__name__}: {error}") from None
     if not isinstance(data, dict):
         raise ProfileCacheError("not a JSON object")
-    if data.get("schema_version") != PROFILE_SCHEMA_VERSION:
-        raise ProfileCacheError(f"schema_version {data.get('schema_version')!r} != {PROFILE_SCHEMA_VERSION}")
+    version = data.get("schema_version")
+    if type(version) is not int or version != PROFILE_SCHEMA_VERSION:
+        raise ProfileCacheError(f"schema_version {version!r:.40} is not {PROFILE_SCHEMA_VERSION}")
     if _normal(data.get("fingerprint")) != _normal(dict(fingerprint)):
         raise ProfileCacheError("fingerprint differs (other model, parallelism, versions or device)")
-    if data.get("base_chunk_size") != base_chunk_tokens:
-        raise ProfileCacheError(f"base_chunk_size {data.get('base_chunk_size')!r} != {base_chunk_tokens}")
+    base = data.get("base_chunk_size")
+    if type(base) is not int or base != base_chunk_tokens:
+        raise ProfileCacheError(f"base_chunk_size {base!r:.40} is not {base_chunk_tokens}")
     samples = data.get("samples")
     if not isinstance(samples, list) or len(samples) > MAX_PROFILE_SAMPLES:
         raise ProfileCacheError(f"samples must be a list of at most {MAX_PROFILE_SAMPLES} entries")
     try:
-        return [(int(c), int(h), float(ms)) for c, h, ms in samples]
-    except (TypeError, ValueError, OverflowError) as error:
-        raise ProfileCacheError(
-            f"samples must be [chunk_tokens, history_tokens, latency_ms] numbers: {error}"
-        ) from None
+        return check_samples(samples)
+    except SampleError as error:
+        raise ProfileCacheError(str(error)) from None

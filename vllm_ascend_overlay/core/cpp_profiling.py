@@ -1,28 +1,38 @@
 """Start-up profile for dynamic chunked pipeline parallelism: cached, or measured once.
 
-``initialise_profile`` gives the scheduler a latency model (core/cpp_latency_model.py):
+``initialise_profile`` gives the scheduler a latency model (core/cpp_latency_model.py),
+or, when the data cannot give one, the fixed chunk to run instead:
 
-1. A cached profile whose fingerprint matches (core/cpp_profile_store.py) is adopted
-   when its samples pass the same acceptance as a fresh profile: no profiling run.
+1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured
+   over at least the history this engine will use, is adopted when its samples pass
+   the same judgement as a fresh profile (core/cpp_acceptance.py): no profiling run.
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
-   then ``profile_points`` chunk sizes from the base chunk down towards 0 and
-   ``profile_history_points`` history values, each with two chunk sizes, whose sequences
-   carry H cached tokens, H spread up to what the context and the KV cache allow, so the
-   C*H term is measured rather than extrapolated; ``profile_repeats`` passes over all of
-   them (the fit keeps each point's median).
-   If the fit is refused for scatter (core/cpp_latency_model.py ``NoisyFit``: fit error
-   too large, or unstable when a fold of the points is left out), the same runs are
-   measured once more and the fit takes the median of both rounds per point: a noisy
-   host pays a longer start-up, a quiet one nothing.
+   then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each
+   round ``profile_repeats`` passes over every point, so a host whose speed drifts
+   spreads the drift over every point instead of a few measured during a slow spell.
+   If the judgement says the profile is too noisy to decide well (or its times fall
+   beyond the scatter), one more round is measured and the judgement repeated on all
+   of them: a noisy host pays a longer start-up, a quiet one nothing.
 3. Each sample is the slowest worker's time. Under pipeline parallelism every stage
    runs its own layers on dummy inputs and times only its own compute; the slowest
    stage sets the pipeline's pace, so that is what a chunk costs the pipeline. Timed
    steps report the same quantity (worker/cpp_timing.py).
-4. The accepted fit is saved for the next start.
+4. An accepted profile is saved for the next start.
 
-Any exception (a worker failing, a timeout, a fit that is not accepted) ends in one
-warning naming the cause and fixed chunking at the base chunk size for the rest of the
-run; serving goes on.
+The grid, where the decisions are made: chunk sizes of the 1-1.5-2 ladder (1, 32, 64,
+96, 128, 192, 256, ... up to the base chunk, ``max_num_batched_tokens``), so a device's
+bends, knees and tile steps between 32 tokens and the base chunk are measured at sizes
+that sit on tile boundaries, and C = 1 measures what a decode costs; every size at
+every history length (0 and ``profile_history_points`` lengths evenly up to the deepest
+history the scheduler will see), so the efficient chunk and the chunk for a time are
+read from measurements, at small chunks too; and a tile probe, pairs of sizes S and
+S + 1 without history at odd multiples of each candidate tile (64 to 512 tokens), which
+tells whether time steps at tile boundaries (core/cpp_acceptance.py). For the default
+base chunk of 8192: 17 sizes x 5 lengths + 8 probe runs, 2 passes: 186 runs after 2
+warm-up runs.
+
+Any exception (a worker failing, a timeout) ends in one warning naming the cause and
+fixed chunking for the rest of the run; serving goes on.
 
 Executor interface (also what the pipeline twin simulator implements):
 ``model_executor.collective_rpc("profile_prefill_latency", args=(chunk_tokens,
@@ -32,58 +42,89 @@ history_tokens))`` returns one latency in ms per worker (a list), or a single nu
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from vllm.logger import init_logger
-from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, NoisyFit, accept
+from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES, Verdict, judge
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)
 
 PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
 PROFILE_RPC_TIMEOUT_S = 300.0
-UNSTABLE_RETRIES = 1  # rounds of the same runs added when the fit is too noisy
+EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy to decide well
+SMALLEST_LADDER_CHUNK = 32
+CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use
 
 MeasureFn = Callable[[int, int], float]
 
 
+def chunk_ladder(base_chunk_tokens: int, points: int) -> list[int]:
+    """Profiled chunk sizes: 1, then 32, 64, 96, 128, 192, ... (powers of two and 1.5x them), then the base.
+
+    At most ``points`` sizes: the 1.5x sizes are left out from the smallest up when
+    there are more.
+    """
+    base = max(1, int(base_chunk_tokens))
+    powers, middles = [], []
+    size = SMALLEST_LADDER_CHUNK
+    while size < base:
+        powers.append(size)
+        if size >= 64 and size * 3 // 2 < base:
+            middles.append(size * 3 // 2)
+        size *= 2
+    fixed = sorted({1, *powers, base})
+    spare = max(0, points - len(fixed))
+    kept = middles[len(middles) - spare :] if spare < len(middles) else middles
+    ladder = sorted({*fixed, *kept})
+    while len(ladder) > max(points, 3):  # a tiny budget: keep 1, the base and evenly spread powers
+        ladder.pop(len(ladder) // 2)
+    return ladder
+
+
+def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[int]:
+    """0 and ``count`` history lengths evenly up to ``max_history_tokens`` (rounded down to ``align``)."""
+    levels = [0]
+    for index in range(1, count + 1):
+        history = int(max_history_tokens * index / count) // align * align
+        if history > levels[-1]:
+            levels.append(history)
+    return levels
+
+
+def tile_probe(base_chunk_tokens: int) -> list[tuple[int, int]]:
+    """Pairs (S, S + 1) without history where S is an odd multiple of a candidate tile (core/cpp_acceptance.py)."""
+    probe_tokens = min(max(base_chunk_tokens // 2, 256), 1024)
+    runs = []
+    for tile in TILE_CANDIDATES:
+        size = (probe_tokens // tile) | 1  # an odd count of tiles: a boundary of this tile, not of twice it
+        if size * tile + 1 <= base_chunk_tokens:
+            runs += [(size * tile, 0), (size * tile + 1, 0)]
+    return runs
+
+
 def profile_plan(
     *,
-    base_chunk_size: int,
+    base_chunk_tokens: int,
     points: int,
     repeats: int,
     history_points: int,
     max_history_tokens: int,
     align: int = 1,
 ) -> list[tuple[int, int]]:
-    """(chunk_tokens, history_tokens) runs after the warm-up, in measurement order.
-
-    Sizes go from the base chunk down towards 0 in ``points`` even steps (as upstream
-    samples them). History runs take H spread evenly up to ``max_history_tokens``
-    (rounded down to ``align``), each with two chunk sizes (a half and an eighth of the
-    base chunk): with one size the history's own cost (c2*H) and the chunk's attention
-    over it (c4*C*H) could not be told apart. The plan is ``repeats`` passes over all of
-    these points, not each point ``repeats`` times in a row: a host whose speed drifts
-    (load, clocks) then spreads the drift over every point, where the median and the fit
-    absorb it, instead of shifting the few points measured during a slow spell.
-    """
-    sizes = []
-    for index in range(points):
-        size = int(base_chunk_size - index * base_chunk_size / points)
-        if size >= 1 and size not in sizes:
-            sizes.append(size)
-    one_pass = [(size, 0) for size in sizes]
-    history_chunks = sorted({max(1, base_chunk_size // 2), max(1, base_chunk_size // 8)}, reverse=True)
-    if history_points > 0 and max_history_tokens >= align:
-        histories = []
-        for index in range(1, history_points + 1):
-            history = int(max_history_tokens * index / history_points) // align * align
-            if history > 0 and history not in histories:
-                histories.append(history)
-        one_pass += [(chunk, history) for history in histories for chunk in history_chunks]
-    return one_pass * repeats
+    """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
+    and the tile probe."""
+    grid = [
+        (chunk, history)
+        for history in history_levels(max_history_tokens, history_points, align)
+        for chunk in chunk_ladder(base_chunk_tokens, points)
+    ]
+    probe = [run for run in tile_probe(base_chunk_tokens) if run not in grid]
+    return (grid + probe) * repeats
 
 
 def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TIMEOUT_S) -> MeasureFn:
@@ -113,74 +154,77 @@ def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup:
     return [(chunk, history, measure(chunk, history)) for chunk, history in plan]
 
 
+@dataclass(frozen=True)
+class StartUp:
+    """What start-up gives the scheduler: a verdict, the samples behind it and where they came from."""
+
+    verdict: Verdict
+    samples: list
+    source: str | None
+
+
+def _no_model(reason: str) -> StartUp:
+    return StartUp(Verdict(None, None, False, reason), [], None)
+
+
 def initialise_profile(
     config: Any,
+    limits: ChunkLimits,
+    num_stages: int,
     *,
     fingerprint: dict,
-    base_chunk_tokens: int,
     measure: MeasureFn | None,
     max_history_tokens: int,
-    max_chunk_tokens: int,
-) -> tuple[LatencyModel | None, list, str | None]:
-    """An accepted latency model, its samples and where it came from; (None, [], None) keeps fixed chunking.
+) -> StartUp:
+    """The verdict for this engine: a cached profile that passes ``judge``, or a fresh one (see the module doc).
 
-    ``config`` is the CppConfig. A cached profile is adopted only if its samples pass
-    ``accept`` here and now, over the history range this engine will use.
+    ``config`` is the CppConfig; ``limits`` and ``num_stages`` are what the profile is judged for.
     """
+    base_chunk_tokens = limits.cap_tokens
     path = cache_file(config.cache_path, fingerprint) if config.cache_path else None
-    domain = {"max_chunk_tokens": max_chunk_tokens, "max_history_tokens": max_history_tokens}
     if path is not None:
         try:
             cached = load_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens)
             if cached is not None:
-                return accept(cached, **domain), cached, f"cache {path}"
-        except (ProfileCacheError, FitError) as error:
+                deepest = max(history for _, history, _ in cached)
+                if deepest < CACHED_HISTORY_COVERAGE * max_history_tokens:
+                    raise ProfileCacheError(
+                        f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}"
+                    )
+                verdict = judge(cached, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
+                if verdict.model is None:
+                    raise ProfileCacheError(verdict.reason)
+                return StartUp(verdict, cached, f"cache {path}")
+        except ProfileCacheError as error:
             logger.warning("[CPP] ignoring cached profile %s (%s); profiling again", path, error)
     if measure is None:
-        logger.warning("[CPP] no model executor to profile with; fixed chunking at %d tokens", base_chunk_tokens)
-        return None, [], None
+        return _no_model("no model executor to profile with")
     plan = profile_plan(
-        base_chunk_size=base_chunk_tokens,
+        base_chunk_tokens=base_chunk_tokens,
         points=config.profile_points,
         repeats=config.profile_repeats,
         history_points=config.profile_history_points,
         max_history_tokens=max_history_tokens,
     )
     samples: list = []
-    for attempt in range(1 + UNSTABLE_RETRIES):
+    for attempt in range(1 + EXTRA_ROUNDS):
         try:
             samples += collect_samples(measure, plan, warmup=(base_chunk_tokens, 0) if attempt == 0 else None)
         except Exception as error:  # a worker failed or timed out: degrade, never take the server down
-            logger.warning(
-                "[CPP] start-up profiling failed (%s: %s); fixed chunking at %d tokens for this run",
-                type(error).__name__,
-                error,
-                base_chunk_tokens,
-            )
-            return None, [], None
-        try:
-            model = accept(samples, **domain)
+            return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
+        last_round = attempt == EXTRA_ROUNDS
+        verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=last_round)
+        if not verdict.noisy:
             break
-        except FitError as error:
-            if isinstance(error, NoisyFit) and attempt < UNSTABLE_RETRIES:
-                logger.info(
-                    "[CPP] start-up profile too noisy (%s); measuring the same %d runs once more", error, len(plan)
-                )
-                continue
-            logger.warning(
-                "[CPP] start-up profile rejected (%s); fixed chunking at %d tokens", error, base_chunk_tokens
-            )
-            return None, [], None
+        logger.info("[CPP] start-up profile: %s; measuring the same %d runs once more", verdict.reason, len(plan))
     source = f"profiled ({len(samples)} runs after {WARMUP_RUNS} warm-up)"
-    if path is not None:
+    if verdict.model is not None and path is not None:
         try:
-            save_profile(
-                path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, model=model, samples=samples
-            )
+            save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, samples=samples)
             source += f", saved to {path}"
-        except OSError as error:
+        except (OSError, ValueError) as error:
             logger.warning("[CPP] could not save the profile to %s: %s", path, error)
-    return model, samples, source
+    return StartUp(verdict, samples, source)
 
 
 def wrap_engine_core_init(engine_core_cls: type) -> bool:

@@ -3,15 +3,20 @@
 The pieces live in one module per concept; this module re-exports them so that code
 importing upstream's ``vllm_ascend.core.profiling_chunk_predictor`` finds CPP here:
 
-- core/cpp_latency_model.py: the latency model t(C, H), its fit and its acceptance;
-- core/cpp_chunk_rule.py: the batch-time target and the per-step budget;
+- core/cpp_samples.py: what a profile sample is, and its one check;
+- core/cpp_latency_model.py: the measured latency model t(C, H);
+- core/cpp_acceptance.py: whether a profile may schedule, and the fallback when not;
+- core/cpp_chunk_rule.py: the chunk for a time and the per-step budget;
+- core/cpp_planner.py: the batch-time target;
 - core/cpp_calibration.py: online calibration from timed steps;
 - core/cpp_profile_store.py: the fingerprint and the cached profile file.
 """
 
-from vllm_ascend.core.cpp_calibration import CalibrationRow, OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, StepBudget
-from vllm_ascend.core.cpp_latency_model import FitError, LatencyModel, accept, batch_features
+from vllm_ascend.core.cpp_acceptance import Verdict, judge
+from vllm_ascend.core.cpp_calibration import OnlineCalibration, StepRow
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, Plan, StepBudget
+from vllm_ascend.core.cpp_latency_model import LatencyModel, batch_features
+from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_profile_store import (
     PROFILE_SCHEMA_VERSION,
     ProfileCacheError,
@@ -21,23 +26,30 @@ from vllm_ascend.core.cpp_profile_store import (
     make_fingerprint,
     save_profile,
 )
+from vllm_ascend.core.cpp_samples import FitError, SampleError, check_sample, group_points
 
 __all__ = [
     "DEFAULT_FLOOR_TOKENS",
     "PROFILE_SCHEMA_VERSION",
-    "CalibrationRow",
     "ChunkLimits",
     "ChunkRule",
     "FitError",
     "LatencyModel",
     "OnlineCalibration",
+    "Plan",
     "ProfileCacheError",
+    "SampleError",
     "StepBudget",
-    "accept",
+    "StepRow",
+    "Verdict",
     "batch_features",
     "cache_file",
+    "check_sample",
     "fingerprint_for",
+    "group_points",
+    "judge",
     "load_profile",
     "make_fingerprint",
+    "plan_target",
     "save_profile",
 ]

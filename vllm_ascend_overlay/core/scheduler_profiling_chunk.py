@@ -5,21 +5,28 @@ calls the hooks of core/schedule_hooks.py, and this class answers them with one
 ``StepBudget`` per step (core/cpp_chunk_rule.py, where the rule is stated). Here is
 only the bookkeeping:
 
-- start-up: ``run_profiling_chunk_init(executor)`` gets an accepted latency model
-  (core/cpp_profiling.py); without one the hooks stay off and vLLM's own loop schedules
-  fixed chunks of max_num_batched_tokens;
+- start-up: ``run_profiling_chunk_init(executor)`` gets a verdict on a cached or fresh
+  profile (core/cpp_profiling.py, core/cpp_acceptance.py): a latency model to schedule
+  with; or, when the data is broken, the fixed chunk that is best for this pipeline on
+  what was measured, run through the same hooks (the step's token budget); or, when
+  nothing valid was measured, vLLM's own loop with fixed chunks of
+  ``max_num_batched_tokens``. One log line says which;
 - each step that holds or may admit a prefill: running decodes are reserved at their
   true history, then every prefill, running or waiting, is granted its chunk at its true
   history (prefix-cache hits included); a grant of 0 skips a running request and stops
   admission of waiting ones, so FCFS order holds. A step with no prefill left and none
   waiting holds decodes only and is not sized (nor looked at per request);
-- the batch-time target is planned again only when the set of held prefills changes
-  (an arrival, a prompt finished, a preemption), from the prefills in FCFS order, the
-  decodes' share of a batch and the largest batch still in flight;
+- the batch-time target is planned again (core/cpp_planner.py) only when the set of held
+  prefills changes (an arrival, a prompt finished, a preemption), from the prefills in
+  FCFS order, the decodes' share of a batch and the largest batch still in flight;
 - timing: a step that holds a prefill chunk is marked for timing
   (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
   timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
-  step's ``execution_time_ms`` (the slowest stage's compute) feeds online calibration.
+  step's ``execution_time_ms`` (the slowest stage's compute) feeds online calibration;
+- faults: an exception in any of this (a hook, the planner, the budget, the timing
+  bookkeeping) never reaches vLLM's engine loop. The hook answers what upstream's loop
+  would have done, one warning names the fault, and CPP is off for the rest of the
+  process (vLLM's own loop from the next step).
 
 Driving it without an engine (tests, the pipeline twin): construct it like any vLLM
 scheduler, call ``run_profiling_chunk_init(executor)`` once, where
@@ -32,19 +39,20 @@ predicted time until its model output is back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, PLAN_MAX_PREFILLS, ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, Plan, StepBudget
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
+from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
-logger = init_logger(__name__)
+logger = logging.getLogger(__name__)
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 
@@ -73,6 +81,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
             additional.get(CONFIG_KEY), max_num_batched_tokens=self.scheduler_config.max_num_batched_tokens
         )
         self.cpp_source: str | None = None
+        self.cpp_verdict: str | None = None
+        self.cpp_fixed_chunk_tokens: int | None = None  # the fallback's fixed chunk, when there is no model
         self.cpp_calibration: OnlineCalibration | None = None
         self._cpp_budget: StepBudget | None = None
         self._cpp_profiled = False
@@ -84,60 +94,68 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
 
     # ------------------------------------------------------------------ start-up
-    def run_profiling_chunk_init(self, model_executor: Any = None, *, measure=None) -> None:
-        """Adopt a cached profile or profile the workers once; on failure keep fixed chunking."""
-        if self._cpp_profiled:
-            return
-        self._cpp_profiled = True
+    def _cpp_limits(self) -> ChunkLimits:
         config = self.cpp_config
-        base_tokens = self.max_num_scheduled_tokens
-        try:
-            if measure is None and model_executor is not None:
-                measure = measure_with_executor(model_executor)
-            kv_capacity_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
-            max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - base_tokens)
-            model, samples, self.cpp_source = initialise_profile(
-                config,
-                fingerprint=fingerprint_for(self.vllm_config),
-                base_chunk_tokens=base_tokens,
-                measure=measure,
-                max_history_tokens=max_history_tokens,
-                max_chunk_tokens=base_tokens,
-            )
-        except Exception as error:  # never let CPP take the engine down: fixed chunking instead
-            logger.warning("[CPP] start-up failed (%s: %s); fixed chunking for this run", type(error).__name__, error)
-            self.cpp_source = None
-            return
-        if model is None:
-            return
-        limits = ChunkLimits(
-            max_chunk_tokens=base_tokens,
+        return ChunkLimits(
+            max_chunk_tokens=self.max_num_scheduled_tokens,
             max_model_len=self.max_model_len,
             min_chunk_tokens=DEFAULT_FLOOR_TOKENS if config.min_chunk is None else config.min_chunk,
             smooth_factor=config.smooth_factor,
             tail_tolerance=config.tail_tolerance,
             max_batch_ms=config.max_batch_ms,
         )
-        rule = ChunkRule(model, limits, self.parallel_config.pipeline_parallel_size)
+
+    def run_profiling_chunk_init(self, model_executor: Any = None, *, measure=None) -> None:
+        """Adopt a cached profile or profile the workers once; on failure keep fixed chunking."""
+        if self._cpp_profiled:
+            return
+        self._cpp_profiled = True
+        base_tokens = self.max_num_scheduled_tokens
+        num_stages = self.parallel_config.pipeline_parallel_size
+        try:
+            limits = self._cpp_limits()
+            if measure is None and model_executor is not None:
+                measure = measure_with_executor(model_executor)
+            kv_capacity_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
+            max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - base_tokens)
+            start_up = initialise_profile(
+                self.cpp_config,
+                limits,
+                num_stages,
+                fingerprint=fingerprint_for(self.vllm_config),
+                measure=measure,
+                max_history_tokens=max_history_tokens,
+            )
+        except Exception as error:  # never let CPP take the engine down: fixed chunking instead
+            logger.warning("[CPP] start-up failed (%s: %s); fixed chunking for this run", type(error).__name__, error)
+            return
+        verdict = start_up.verdict
+        self.cpp_source, self.cpp_verdict = start_up.source, verdict.reason
+        if verdict.model is None:
+            if verdict.fixed_chunk_tokens is not None:
+                self.cpp_fixed_chunk_tokens = verdict.fixed_chunk_tokens
+                logger.warning(
+                    "[CPP] %s; fixed chunks of %d tokens, the best for %d pipeline stages on what was measured",
+                    verdict.reason,
+                    verdict.fixed_chunk_tokens,
+                    num_stages,
+                )
+            else:
+                logger.warning("[CPP] %s; fixed chunks of %d tokens (upstream's behaviour)", verdict.reason, base_tokens)
+            return
+        rule = ChunkRule(verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), num_stages)
         self._cpp_budget = StepBudget(rule)
-        self.cpp_calibration = OnlineCalibration(
-            model,
-            samples,
-            reference_chunk_tokens=base_tokens,
-            window_size=config.calibration_window,
-        )
+        self.cpp_calibration = OnlineCalibration(verdict.model, window_size=self.cpp_config.calibration_window)
         logger.info(
-            "[CPP] latency model t = c0 + c1*C + c2*H + c3*C^2 + c4*C*H, c = (%s) ms, fit error %.1f%%, "
-            "from %s; batch-time target planned per set of prefills for %d pipeline stages",
-            ", ".join(f"{c:.4g}" for c in model.coefficients),
-            100 * model.mape,
+            "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages",
             self.cpp_source,
-            rule.num_stages,
+            verdict.reason,
+            num_stages,
         )
 
     @property
     def uses_schedule_hooks(self) -> bool:
-        return self._cpp_budget is not None
+        return self._cpp_budget is not None or self.cpp_fixed_chunk_tokens is not None
 
     @property
     def cpp_rule(self) -> ChunkRule | None:
@@ -149,8 +167,34 @@ class ProfilingChunkScheduler(BalanceScheduler):
         """The batch-time target of the current plan (None: fixed chunking)."""
         return None if self._cpp_budget is None else self._cpp_budget.target_ms
 
+    def _cpp_fault(self, where: str, error: BaseException) -> None:
+        """A fault in CPP's own code: one warning, CPP off for the process (vLLM's loop from the next step)."""
+        if self._cpp_budget is None and self.cpp_fixed_chunk_tokens is None:
+            return
+        logger.warning(
+            "[CPP] %s raised %s: %s; CPP is off for the rest of this process (vLLM's own scheduling)",
+            where,
+            type(error).__name__,
+            error,
+            exc_info=True,
+        )
+        self._cpp_budget = None
+        self.cpp_fixed_chunk_tokens = None
+        self.cpp_calibration = None
+        self._cpp_sizing = False
+        self._cpp_batches.clear()
+
     # ------------------------------------------------------------------ hooks
     def schedule_step_starts(self, token_budget: int) -> int:
+        try:
+            return self._step_starts(token_budget)
+        except Exception as error:
+            self._cpp_fault("the step start", error)
+            return token_budget
+
+    def _step_starts(self, token_budget: int) -> int:
+        if self.cpp_fixed_chunk_tokens is not None:
+            return min(token_budget, self.cpp_fixed_chunk_tokens)
         budget = self._cpp_budget
         if budget is None:
             return token_budget
@@ -203,38 +247,62 @@ class ProfilingChunkScheduler(BalanceScheduler):
         decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
         share = 1.0 if isinstance(self, AsyncScheduler) else 1.0 / rule.num_stages
         decode_ms = share * sum(rule.model.decode_ms(history) for history in decoding)
-        budget.target_ms = rule.plan_target(
-            held, fixed_ms=rule.model.c0_ms + decode_ms, inflight_ms=inflight_ms, decoding=len(decoding)
+        plan: Plan = rule.plan_target(
+            held, fixed_ms=rule.model.fixed_ms + decode_ms, inflight_ms=inflight_ms, decoding=len(decoding)
         )
-        logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), budget.target_ms)
+        budget.plan = plan
+        logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
-        budget = self._cpp_budget
-        if budget is None or not self._cpp_sizing or request.request_id in budget.charged:
-            return num_new_tokens  # a decode reserved at step start: never cut
-        remaining_tokens = request.num_tokens - request.num_computed_tokens
-        if remaining_tokens <= 1:
-            return num_new_tokens  # decodes are reserved at step start and never cut
-        return budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens)
+        try:
+            budget = self._cpp_budget
+            if budget is None or not self._cpp_sizing or request.request_id in budget.charged:
+                return num_new_tokens  # a decode reserved at step start: never cut
+            remaining_tokens = request.num_tokens - request.num_computed_tokens
+            if remaining_tokens <= 1:
+                return num_new_tokens  # decodes are reserved at step start and never cut
+            return budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens)
+        except Exception as error:
+            self._cpp_fault("sizing a running request", error)
+            return num_new_tokens
 
     def cap_waiting_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> int:
-        budget = self._cpp_budget
-        if budget is None:  # (a waiting request makes the step a sized one)
+        try:
+            budget = self._cpp_budget
+            if budget is None:  # (a waiting request makes the step a sized one)
+                return num_new_tokens
+            return budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
+        except Exception as error:
+            self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
-        return budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
 
     def charge_scheduled_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> None:
-        budget = self._cpp_budget
-        if budget is not None and self._cpp_sizing:
-            budget.charge(request.request_id, num_new_tokens, history_tokens)
+        try:
+            budget = self._cpp_budget
+            if budget is not None and self._cpp_sizing:
+                budget.charge(request.request_id, num_new_tokens, history_tokens)
+        except Exception as error:
+            self._cpp_fault("charging a scheduled request", error)
 
     def refund_scheduled_tokens(self, request: Any) -> None:
-        if self._cpp_budget is not None:
-            self._cpp_budget.refund(request.request_id)
+        try:
+            if self._cpp_budget is not None:
+                self._cpp_budget.refund(request.request_id)
+        except Exception as error:
+            self._cpp_fault("refunding a preempted request", error)
 
     # ------------------------------------------------------------------ per step
     def schedule(self, *args: Any, **kwargs: Any):
         scheduler_output = super().schedule(*args, **kwargs)
+        try:
+            timed = self._after_step(scheduler_output)
+        except Exception as error:
+            self._cpp_fault("the step's bookkeeping", error)
+            timed = False
+        scheduler_output.cpp_time_step = timed  # the one flag the workers read
+        return scheduler_output
+
+    def _after_step(self, scheduler_output) -> bool:
         budget = self._cpp_budget
         timed = False
         if budget is not None and self._cpp_sizing:
@@ -255,30 +323,36 @@ class ProfilingChunkScheduler(BalanceScheduler):
             batches[id(scheduler_output)] = CppBatch(budget.charged, budget.predicted_ms(), timed)
             if len(batches) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
                 del batches[next(iter(batches))]
-        scheduler_output.cpp_time_step = timed  # the one flag the workers read
-        return scheduler_output
+        return timed
 
     def planned_batch(self, scheduler_output) -> CppBatch | None:
         """The plan of a scheduled step whose model output has not come back yet."""
         return self._cpp_batches.get(id(scheduler_output))
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        try:
+            self._calibrate(scheduler_output, model_runner_output)
+        except Exception as error:
+            self._cpp_fault("online calibration", error)
+        return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _calibrate(self, scheduler_output, model_runner_output) -> None:
         batch = self._cpp_batches.pop(id(scheduler_output), None)
         measured_ms = getattr(model_runner_output, "execution_time_ms", None)
-        if batch is not None and batch.timed and measured_ms and self.cpp_calibration is not None:
-            logger.debug(
-                "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
-                len(batch.pairs),
-                sum(chunk for chunk, _ in batch.pairs),
-                batch.predicted_ms,
-                measured_ms,
-            )
-            model = self.cpp_calibration.record(batch.pairs, float(measured_ms))
-            if model is not None:
-                budget = self._cpp_budget
-                budget.rule = budget.rule.with_model(model)
-                self._cpp_plan_key = None  # plan the target again with the new model
-        return super().update_from_output(scheduler_output, model_runner_output)
+        if batch is None or not batch.timed or not measured_ms or self.cpp_calibration is None:
+            return
+        logger.debug(
+            "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
+            len(batch.pairs),
+            sum(chunk for chunk, _ in batch.pairs),
+            batch.predicted_ms,
+            measured_ms,
+        )
+        model = self.cpp_calibration.record(batch.pairs, float(measured_ms))
+        if model is not None:
+            budget = self._cpp_budget
+            budget.rule = budget.rule.with_model(model)
+            self._cpp_plan_key = None  # plan the target again with the new model
 
 
 class AsyncProfilingChunkScheduler(ProfilingChunkScheduler, AsyncScheduler):

@@ -25,7 +25,7 @@ from . import policies as pol
 from .engine import MAX_NUM_SEQS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
 from .optimum import Optimum, optimum
 from .report import Figures, figures_from_result, format_table
-from .surface import load_surface
+from .surface_files import load_surface
 from .workloads import Workload, long_prompt, mixed
 
 CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
@@ -120,6 +120,7 @@ def validate_args(args: argparse.Namespace) -> None:
     """Every option checked before a worker starts; an error names the option and what to give."""
     check_chunk(args.chunk, "--chunk")
     _check_number(args.noise, "--noise", 0.0)
+    _check_number(args.drift, "--drift", 0.0, 0.99)
     _check_number(args.load, "--load", 0.0, low_open=True)
     _check_number(args.prefix_hit_share, "--prefix-hit-share", 0.0, 1.0)
     if args.seed < 0:
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-hit-share", type=float, default=0.25, help="mixed: share of prefix-cache hits")
     p.add_argument("--output-range", default="16-128", help="mixed: output tokens per request")
     p.add_argument("--noise", type=float, default=0.0, help="sigma of log-normal multiplicative stage-time noise")
+    p.add_argument("--drift", type=float, default=0.0, help="amplitude of a slow drift of stage times (e.g. 0.05)")
     p.add_argument("--layers", default=None, help="layers per stage, comma-separated (uneven split), e.g. 15,16,16,17")
     p.add_argument(
         "--async-scheduling",
@@ -251,7 +253,8 @@ def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], lis
     if unknown:
         raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
     notes = []
-    sweep = sorted(set(parse_chunks(args.sweep, "--sweep")) | {args.chunk})
+    # Tuned fixed chunks share the deployment's token budget (max_num_batched_tokens = --chunk), as CPP does.
+    sweep = sorted({c for c in parse_chunks(args.sweep, "--sweep") if c <= args.chunk} | {args.chunk})
     policies: list[pol.Policy] = []
     if "tuned" in wanted:
         policies += [pol.fixed(c) for c in sweep]
@@ -299,15 +302,15 @@ def summarize_case(
     return rows, tuned, upstream, notes
 
 
-def case_optimum(surface, setup: pol.Setup) -> Optimum | None:
-    """The least TTFT of a one-prompt case (twin/optimum.py); None for other workloads."""
+def case_optimum(surface, setup: pol.Setup, max_chunk_tokens: int) -> Optimum | None:
+    """The least TTFT of a one-prompt case with chunks within the token budget (twin/optimum.py); None otherwise."""
     requests = setup.workload.requests
     if len(requests) != 1:
         return None
     shares = None
     if setup.layers:
         shares = [n / sum(setup.layers) for n in setup.layers]
-    return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares)
+    return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares, max_chunk_tokens=max_chunk_tokens)
 
 
 def run_problems(results: Sequence[dict[str, Any]], num_stages: int) -> list[str]:
@@ -374,14 +377,16 @@ def _run(args: argparse.Namespace) -> int:
     cases = []
     for num_stages in stage_counts:
         for workload in build_workloads(args, surface_spec, num_stages):
-            setup = pol.Setup(surface_spec, num_stages, workload, args.seed, layers, args.noise, args.async_scheduling)
+            setup = pol.Setup(
+                surface_spec, num_stages, workload, args.seed, layers, args.noise, args.async_scheduling, args.drift
+            )
             cases.append((setup, policies))
     all_results = pol.run_cases(cases, args.log_dir)
     dump = []
     problems = []
     for (setup, _), results in zip(cases, all_results, strict=True):
         rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted)
-        best = case_optimum(surface, setup)
+        best = case_optimum(surface, setup, args.chunk)
         problems += [
             f"{setup.workload.name} P={setup.num_stages}: {p}" for p in run_problems(results, setup.num_stages)
         ]

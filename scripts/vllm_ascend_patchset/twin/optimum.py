@@ -1,7 +1,7 @@
 """The least TTFT any chunking of one prompt can reach under the twin's cost model.
 
 A prompt of N tokens is cut into chunks on a ``GRID_TOKENS`` grid; chunk i (C_i tokens
-after H_i) takes t_i = ``surface.request_ms(C_i, H_i)`` for the whole model. With P
+after H_i) takes t_i = ``surface.time_ms(C_i, H_i)`` for the whole model. With P
 stages of equal layer share the chunks form a proportionate flow shop, whose makespan
 without the engine's in-flight limit is exactly
 
@@ -60,14 +60,14 @@ class Optimum:
 
 
 @functools.lru_cache(maxsize=2)
-def _rows(surface: Surface, prompt_tokens: int) -> list[np.ndarray]:
+def _rows(surface: Surface, prompt_tokens: int, max_units: int) -> list[np.ndarray]:
     """rows[s][k]: time of a chunk of (k + 1) grid units starting at grid position s (made non-decreasing)."""
     units = -(-prompt_tokens // GRID_TOKENS)
     rows = []
     for start in range(units):
         history = start * GRID_TOKENS
-        chunks = np.minimum(np.arange(1, units - start + 1) * GRID_TOKENS, prompt_tokens - history)
-        times = np.asarray(surface.request_ms_many(chunks, history), dtype=np.float64)
+        chunks = np.minimum(np.arange(1, min(units - start, max_units) + 1) * GRID_TOKENS, prompt_tokens - history)
+        times = np.asarray(surface.time_ms_many(chunks, history), dtype=np.float64)
         rows.append(np.maximum.accumulate(times))
     return rows
 
@@ -124,13 +124,21 @@ def optimum(
     shares: Sequence[float] | None = None,
     rel_tol: float = 1e-5,
     max_rounds: int = 60,
+    max_chunk_tokens: int | None = None,
 ) -> Optimum:
-    """The optimum of one prompt (see the module docstring)."""
+    """The optimum of one prompt (see the module docstring); chunks at most ``max_chunk_tokens`` if given.
+
+    The engine never schedules more than ``max_num_batched_tokens`` in a step, so that cap
+    (rounded down to the grid) bounds every chunk any policy of that deployment can run.
+    """
     if prompt_tokens <= 0 or num_stages < 1:
         raise ValueError(f"need prompt_tokens > 0 and num_stages >= 1, got {prompt_tokens}, {num_stages}")
     shares = tuple(shares) if shares else tuple(1.0 / num_stages for _ in range(num_stages))
     equal = max(shares) - min(shares) < 1e-12
-    rows = _rows(surface, prompt_tokens)
+    max_units = -(-prompt_tokens // GRID_TOKENS)
+    if max_chunk_tokens is not None:
+        max_units = max(1, min(max_units, int(max_chunk_tokens) // GRID_TOKENS))
+    rows = _rows(surface, prompt_tokens, max_units)
     sums: dict[float, float] = {}
 
     def least(cap_ms: float) -> float:
@@ -142,7 +150,7 @@ def optimum(
         return least(cap_ms) / num_stages + (num_stages - 1) * cap_ms / num_stages
 
     low_cap = float(min(row[0] for row in rows))
-    high_cap = float(rows[0][-1])
+    high_cap = float(max(row[-1] for row in rows))
     caps = list(np.geomspace(low_cap, high_cap, 48)) if high_cap > low_cap else [high_cap]
     best = min(bound(cap) for cap in caps)
     intervals = list(zip(caps[:-1], caps[1:], strict=True))
@@ -171,7 +179,7 @@ def optimum(
         _, cuts = _least_sum(rows, cap, with_path=True)
         edges = [*(c * GRID_TOKENS for c in cuts), prompt_tokens]
         chunks = tuple(b - a for a, b in zip(edges[:-1], edges[1:], strict=True))
-        times = [surface.request_ms(c, h) for c, h in zip(chunks, edges[:-1], strict=True)]
+        times = [surface.time_ms(c, h) for c, h in zip(chunks, edges[:-1], strict=True)]
         makespan = flow_shop_ms(times, shares, in_flight=False)
         if makespan < best_ms:
             best_ms, best_chunks = makespan, chunks

@@ -108,6 +108,7 @@ class Setup:
     layers: tuple[int, ...] | None = None
     noise_sigma: float = 0.0
     async_scheduling: bool = False
+    drift: float = 0.0
 
     def case(self, policies: list[Policy]) -> dict[str, Any]:
         return {
@@ -117,6 +118,7 @@ class Setup:
             "seed": self.seed,
             "layers": list(self.layers) if self.layers else None,
             "noise_sigma": self.noise_sigma,
+            "drift": self.drift,
             "async_scheduling": self.async_scheduling,
             "policies": [p.to_json() for p in policies],
         }

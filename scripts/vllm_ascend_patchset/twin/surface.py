@@ -1,35 +1,29 @@
 """Latency surfaces: how long the whole model takes for a batch, and per stage.
 
-A surface answers ``request_ms(chunk_tokens, history_tokens)`` for one request's chunk
-and ``batch_ms(chunks)`` for a batch. The batch rule, stated once: a batch pays the
-fixed per-step cost once plus each request's own variable cost,
+A surface answers two questions of one request's chunk of C new tokens after H tokens
+of history, with the same meaning as the scheduler's latency model
+(core/cpp_latency_model.py):
 
-    batch_ms = fixed_ms + sum_i (request_ms(C_i, H_i) - fixed_ms)
+- ``time_ms(C, H)``: the time of a step that runs only this chunk;
+- ``request_ms(C, H) = time_ms(C, H) - fixed_ms``: the request's own cost in a step.
 
-so attention never crosses requests, and a batch of one request costs exactly its
-``request_ms``. The model form: a per-step cost, a cost per token and per history token,
-and attention over the chunk's own tokens and its history:
+The batch rule, stated once: a batch pays the fixed per-step cost once plus each
+request's own cost, ``batch_ms = fixed_ms + sum_i request_ms(C_i, H_i)``, so attention
+never crosses requests and a batch of one request costs exactly its ``time_ms``.
 
-    request_ms(C, H) = fixed_ms + token_ms * C + history_token_ms * H + attention_pair_ms * C * (C + H)
-
-Sources: ``QuadraticSurface`` (coefficients), ``GridSurface`` (a CSV of measured
-``chunk_tokens,history_tokens,ms``; bilinear inside the measured grid, continued
-outside it by the least-squares fit's growth, without a jump at the edge), or a profile
-JSON saved by the engine (``load_surface``).
-``StageTimer`` splits a batch's time over P stages by layer share, with optional
-multiplicative noise, seeded so that runs repeat.
+Sources: ``QuadraticSurface`` (coefficients of 1, C, H, C^2, C*H), ``GridSurface``
+(measured ``chunk_tokens,history_tokens,ms`` rows, interpolated; twin/surface_files.py
+reads them), the stress family (twin/stress.py). ``StageTimer`` splits a batch's time
+over P stages by layer share, with optional multiplicative noise and slow drift, seeded
+so that runs repeat.
 """
 
 from __future__ import annotations
 
-import bisect
-import csv
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -39,24 +33,30 @@ from .pipeline import Chunk
 class Surface(Protocol):
     fixed_ms: float
 
-    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float: ...
+    def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
+        """Time of a step that runs only this chunk."""
 
-    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
-        """``request_ms`` of many chunk sizes at one history (vectorised)."""
+    def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        """``time_ms`` of many chunk sizes at one history (vectorised)."""
 
     def describe(self) -> str: ...
+
+
+def request_ms(surface: Surface, chunk_tokens: float, history_tokens: float) -> float:
+    """One request's own cost in a step: its step time without the fixed cost."""
+    return surface.time_ms(chunk_tokens, history_tokens) - surface.fixed_ms
 
 
 def batch_ms(surface: Surface, chunks: Sequence[tuple[int, int]]) -> float:
     """Whole-model time of a batch of (chunk_tokens, history_tokens) pairs (rule in the module doc)."""
     if not chunks:
         return 0.0
-    return surface.fixed_ms + sum(surface.request_ms(c, h) - surface.fixed_ms for c, h in chunks)
+    return surface.fixed_ms + sum(request_ms(surface, c, h) for c, h in chunks)
 
 
 @dataclass(frozen=True)
 class QuadraticSurface:
-    """request_ms(C, H) = fixed_ms + token_ms*C + history_token_ms*H + self_pair_ms*C^2 + history_pair_ms*C*H."""
+    """time_ms(C, H) = fixed_ms + token_ms*C + history_token_ms*H + self_pair_ms*C^2 + history_pair_ms*C*H."""
 
     fixed_ms: float
     token_ms: float
@@ -75,15 +75,15 @@ class QuadraticSurface:
     def coefficients(self) -> tuple[float, float, float, float, float]:
         return (self.fixed_ms, self.token_ms, self.history_token_ms, self.self_pair_ms, self.history_pair_ms)
 
-    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float:
+    def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
         return (
             self.fixed_ms
             + chunk_tokens * (self.token_ms + self.self_pair_ms * chunk_tokens + self.history_pair_ms * history_tokens)
             + self.history_token_ms * history_tokens
         )
 
-    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
-        return self.request_ms(np.asarray(chunk_tokens, dtype=np.float64), float(history_tokens))
+    def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        return self.time_ms(np.asarray(chunk_tokens, dtype=np.float64), float(history_tokens))
 
     @classmethod
     def fit(cls, points: Sequence[tuple[int, int, float]], name: str = "fitted") -> QuadraticSurface:
@@ -101,7 +101,7 @@ class QuadraticSurface:
             # earlier tokens but, causally, to half its chunk on average, so C*H costs twice C^2.
             design[:, 3] = c * c
             design[:, 4] = 0.0
-        weights = 1.0 / np.maximum(ms, 1e-9)
+        weights = 1.0 / ms
         scale = np.abs(design).max(axis=0)
         scale[scale == 0] = 1.0
         coef, _ = nnls(design / scale * weights[:, None], ms * weights)
@@ -132,12 +132,27 @@ SYNTHETIC = QuadraticSurface(
 
 
 @dataclass(frozen=True)
-class GridSurface:
-    """Measured t(C, H) on a rectilinear grid; bilinear inside it, continued by the fit's growth outside."""
+class Level:
+    """One measured history length: its chunk sizes (increasing) and their times."""
 
-    chunk_axis: tuple[int, ...]
-    history_axis: tuple[int, ...]
-    grid_ms: tuple[tuple[float, ...], ...]  # [history index][chunk index]
+    history_tokens: int
+    chunk_tokens: tuple[int, ...]
+    times_ms: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class GridSurface:
+    """Measured times at history levels, each with its own chunk sizes; continued outside by the fit's growth.
+
+    Inside: linear in C along a level, linear in H between levels. Outside a level's
+    chunk range, or beyond the first or last level, the time above ``fixed_ms`` of the
+    nearest measured point is scaled by the fit's ratio between the two points, so the
+    surface is continuous at the edge of what was measured and never below the fixed
+    cost. (A full grid is bilinear; a ragged one, such as a profile that measured more
+    chunk sizes without history, keeps every measured row.)
+    """
+
+    levels: tuple[Level, ...]
     fit: QuadraticSurface
     name: str = "grid"
 
@@ -145,250 +160,81 @@ class GridSurface:
     def fixed_ms(self) -> float:
         return self.fit.fixed_ms
 
-    def request_ms(self, chunk_tokens: int, history_tokens: int) -> float:
-        """Bilinear inside the grid; outside, the fit's growth from the nearest grid point.
-
-        Beyond the grid the variable part (time above ``fixed_ms``) of the nearest grid
-        point is scaled by the fit's ratio between the two points, so the surface is
-        continuous at the edge and never falls below the fixed cost.
-        """
-        cs, hs = self.chunk_axis, self.history_axis
-        if len(cs) < 2:
-            return self.fit.request_ms(chunk_tokens, history_tokens)
-        edge_c = min(max(chunk_tokens, cs[0]), cs[-1])
-        edge_h = min(max(history_tokens, hs[0]), hs[-1])
-        inside = self._bilinear(edge_c, edge_h)
-        if (edge_c, edge_h) == (chunk_tokens, history_tokens):
-            return inside
+    def _grow(self, measured_ms, fit_to, fit_from):
+        """Continue a measured time from ``fit_from`` to ``fit_to`` by the fit's ratio of variable parts."""
         fixed = self.fixed_ms
-        edge_fit = self.fit.request_ms(edge_c, edge_h) - fixed
-        if edge_fit <= 0:
-            return max(inside, fixed) + self.fit.request_ms(chunk_tokens, history_tokens) - fixed
-        scale = (self.fit.request_ms(chunk_tokens, history_tokens) - fixed) / edge_fit
-        return fixed + max(inside - fixed, 0.0) * scale
-
-    def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
-        chunks = np.asarray(chunk_tokens, dtype=np.float64)
-        cs, hs = np.array(self.chunk_axis, dtype=np.float64), np.array(self.history_axis, dtype=np.float64)
-        if len(cs) < 2:
-            return self.fit.request_ms_many(chunks, history_tokens)
-        grid = np.array(self.grid_ms, dtype=np.float64)
-        edge_c = np.clip(chunks, cs[0], cs[-1])
-        edge_h = float(min(max(history_tokens, hs[0]), hs[-1]))
-        i = np.clip(np.searchsorted(cs, edge_c, side="right") - 1, 0, len(cs) - 2)
-        wc = (edge_c - cs[i]) / (cs[i + 1] - cs[i])
-        if len(hs) == 1:
-            row0 = row1 = grid[0]
-            wh = 0.0
-        else:
-            j = min(max(int(np.searchsorted(hs, edge_h, side="right")) - 1, 0), len(hs) - 2)
-            wh = (edge_h - hs[j]) / (hs[j + 1] - hs[j])
-            row0, row1 = grid[j], grid[j + 1]
-        inside = (row0[i] * (1 - wc) + row0[i + 1] * wc) * (1 - wh) + (row1[i] * (1 - wc) + row1[i + 1] * wc) * wh
-        fixed = self.fixed_ms
-        edge_fit = self.fit.request_ms_many(edge_c, edge_h) - fixed
-        wanted_fit = self.fit.request_ms_many(chunks, history_tokens) - fixed
         with np.errstate(divide="ignore", invalid="ignore"):
-            scaled = fixed + np.maximum(inside - fixed, 0.0) * wanted_fit / edge_fit
-        shifted = np.maximum(inside, fixed) + wanted_fit
-        outside = np.where(edge_fit > 0, scaled, shifted)
-        at_edge = (edge_c == chunks) & (edge_h == history_tokens)
-        return np.where(at_edge, inside, outside)
+            ratio = np.where(fit_from - fixed > 0, (fit_to - fixed) / (fit_from - fixed), 1.0)
+        return fixed + np.maximum(np.asarray(measured_ms) - fixed, 0.0) * ratio
 
-    def _bilinear(self, chunk_tokens: float, history_tokens: float) -> float:
-        cs, hs = self.chunk_axis, self.history_axis
-        i = min(max(bisect.bisect_right(cs, chunk_tokens) - 1, 0), len(cs) - 2)
-        if len(hs) == 1:
-            j, wh = 0, 0.0
-            row0 = row1 = self.grid_ms[0]
-        else:
-            j = min(max(bisect.bisect_right(hs, history_tokens) - 1, 0), len(hs) - 2)
-            wh = (history_tokens - hs[j]) / (hs[j + 1] - hs[j])
-            row0, row1 = self.grid_ms[j], self.grid_ms[j + 1]
-        wc = (chunk_tokens - cs[i]) / (cs[i + 1] - cs[i])
-        low = row0[i] * (1 - wc) + row0[i + 1] * wc
-        high = row1[i] * (1 - wc) + row1[i + 1] * wc
-        return low * (1 - wh) + high * wh
+    def _at_level(self, level: Level, chunks: np.ndarray) -> np.ndarray:
+        axis = np.array(level.chunk_tokens, dtype=np.float64)
+        times = np.array(level.times_ms, dtype=np.float64)
+        inside = np.interp(chunks, axis, times)
+        edge = np.clip(chunks, axis[0], axis[-1])
+        h = float(level.history_tokens)
+        grown = self._grow(inside, self.fit.time_ms_many(chunks, h), self.fit.time_ms_many(edge, h))
+        return np.where(edge == chunks, inside, grown)
+
+    def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
+        chunks = np.asarray(chunk_tokens, dtype=np.float64)
+        history = float(history_tokens)
+        levels = self.levels
+        hs = [lv.history_tokens for lv in levels]
+        if len(levels) == 1 or history <= hs[0] or history >= hs[-1]:
+            edge = levels[0] if history <= hs[0] else levels[-1]
+            at_edge = self._at_level(edge, chunks)
+            if history == edge.history_tokens:
+                return at_edge
+            h = float(edge.history_tokens)
+            return self._grow(at_edge, self.fit.time_ms_many(chunks, history), self.fit.time_ms_many(chunks, h))
+        j = max(0, min(int(np.searchsorted(hs, history, side="right")) - 1, len(levels) - 2))
+        weight = (history - hs[j]) / (hs[j + 1] - hs[j])
+        return self._at_level(levels[j], chunks) * (1 - weight) + self._at_level(levels[j + 1], chunks) * weight
+
+    def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
+        return float(self.time_ms_many(np.array([float(chunk_tokens)]), history_tokens)[0])
 
     @classmethod
-    def from_points(cls, points: Sequence[tuple[int, int, float]], name: str) -> Surface:
-        """A grid if the points cover every (C, H) pair of their axes, else the fit alone."""
-        fit = QuadraticSurface.fit(points, name=f"{name} (fit)")
-        table: dict[tuple[int, int], list[float]] = {}
+    def from_points(cls, points: Sequence[tuple[int, int, float]], name: str) -> GridSurface:
+        """Medians of repeats, one level per measured history with at least two chunk sizes."""
+        table: dict[int, dict[int, list[float]]] = {}
         for c, h, ms in points:
-            table.setdefault((int(c), int(h)), []).append(float(ms))
-        cs = tuple(sorted({c for c, _ in table}))
-        hs = tuple(sorted({h for _, h in table}))
-        if len(cs) < 2 or any((c, h) not in table for c in cs for h in hs):
-            return fit
-        grid = tuple(tuple(float(np.median(table[(c, h)])) for c in cs) for h in hs)
-        return cls(cs, hs, grid, fit, name=name)
+            table.setdefault(int(h), {}).setdefault(int(c), []).append(float(ms))
+        levels = tuple(
+            Level(h, tuple(sorted(row)), tuple(float(np.median(row[c])) for c in sorted(row)))
+            for h, row in sorted(table.items())
+            if len(row) >= 2
+        )
+        if not levels:
+            raise ValueError("no history length has two or more measured chunk sizes")
+        return cls(levels, QuadraticSurface.fit(points, name=f"{name} (fit)"), name=name)
 
     def describe(self) -> str:
+        chunks = sorted({c for lv in self.levels for c in lv.chunk_tokens})
         return (
-            f"{self.name}: measured grid C {self.chunk_axis[0]}..{self.chunk_axis[-1]} x H "
-            f"{self.history_axis[0]}..{self.history_axis[-1]} ({len(self.chunk_axis)}x{len(self.history_axis)});"
+            f"{self.name}: measured C {chunks[0]}..{chunks[-1]} at {len(self.levels)} history lengths "
+            f"{self.levels[0].history_tokens}..{self.levels[-1].history_tokens} ({sum(len(lv.chunk_tokens) for lv in self.levels)} points);"
             f" outside: {self.fit.describe()}"
         )
 
 
-CSV_COLUMNS = ("chunk_tokens", "history_tokens", "latency_ms")
-
-
-def _number(raw: Any) -> float | None:
-    if isinstance(raw, bool):
-        return None
-    try:
-        return float(raw)
-    except (TypeError, ValueError):
-        return None
-
-
-def measured_point(chunk: Any, history: Any, latency: Any, where: str) -> tuple[int, int, float]:
-    """One measurement (chunk_tokens, history_tokens, latency_ms), checked; an error names ``where``."""
-    c, h, ms = _number(chunk), _number(history), _number(latency)
-    if c is None or not c.is_integer() or c <= 0:
-        raise ValueError(f"{where}: chunk_tokens {chunk!r} must be a whole number > 0")
-    if h is None or not h.is_integer() or h < 0:
-        raise ValueError(f"{where}: history_tokens {history!r} must be a whole number >= 0")
-    if ms is None or not math.isfinite(ms) or ms <= 0:
-        raise ValueError(f"{where}: latency_ms {latency!r} must be a finite number of milliseconds > 0")
-    return int(c), int(h), ms
-
-
-def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
-    """Rows of ``chunk_tokens,history_tokens,latency_ms`` (lines starting with # are comments).
-
-    Every value is checked (``measured_point``); an error names the file and line.
-    """
-    with open(path, newline="") as handle:
-        lines = [(n, line) for n, line in enumerate(handle, 1) if line.strip() and not line.startswith("#")]
-    header = [name.strip() for name in next(csv.reader([lines[0][1]]))] if lines else []
-    missing = [name for name in CSV_COLUMNS if name not in header]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {','.join(CSV_COLUMNS)}")
-    columns = [header.index(name) for name in CSV_COLUMNS]
-    points = []
-    for n, line in lines[1:]:
-        cells = next(csv.reader([line]))
-        if len(cells) != len(header):
-            raise ValueError(f"{path}:{n}: {len(cells)} value(s), the header names {len(header)}")
-        points.append(measured_point(*(cells[i].strip() for i in columns), where=f"{path}:{n}"))
-    if not points:
-        raise ValueError(f"{path}: no measured rows")
-    return points
-
-
-def _points_from_profile(data: dict[str, Any], where: str) -> list[tuple[int, int, float]]:
-    """The profile's measured samples, [chunk_tokens, history_tokens, latency_ms] each, checked."""
-    samples = data.get("samples") or []
-    if not isinstance(samples, list):
-        raise ValueError(f"{where}: 'samples' must be a list of [chunk_tokens, history_tokens, latency_ms]")
-    points = []
-    for i, sample in enumerate(samples):
-        if not isinstance(sample, list | tuple) or len(sample) != 3:
-            raise ValueError(f"{where}: samples[{i}] must be [chunk_tokens, history_tokens, latency_ms]: {sample!r}")
-        points.append(measured_point(*sample, where=f"{where}: samples[{i}]"))
-    return points
-
-
-def _model_from_profile(data: dict[str, Any], name: str, scale: float) -> QuadraticSurface | None:
-    """The model the engine accepted, if the profile carries coefficients c0_ms..c4_ms."""
-    coefficients = data.get("coefficients")
-    if not isinstance(coefficients, dict):
-        return None
-    try:
-        values = [float(coefficients[f"c{i}_ms"]) * scale for i in range(5)]
-    except (KeyError, TypeError, ValueError):
-        return None
-    return QuadraticSurface(*values, name=name)
-
-
-def _profile_stages(data: dict[str, Any]) -> int:
-    """PP size the profile was taken at: its samples are one stage's time, the whole model is that many."""
-    fingerprint = data.get("fingerprint")
-    stages = fingerprint.get("pipeline_parallel_size", 1) if isinstance(fingerprint, dict) else 1
-    return stages if isinstance(stages, int) and stages >= 1 else 1
-
-
-def load_surface(spec: str) -> Surface:
-    """A surface from ``--surface``: ``synthetic``, ``quadratic:C0,C1,C2,C3,C4`` (ms coefficients of
-    1, C, H, C^2, C*H), a ``.csv`` of measurements, or a profile ``.json`` saved by the engine
-    (its accepted coefficients; its samples if it has no coefficients). A profile holds one
-    pipeline stage's time (the slowest worker's), so it is scaled by the PP size in its
-    fingerprint to the whole model's time, which the twin then splits over its P stages."""
-    surface = _read_surface(spec)
-    first_ms = surface.request_ms(1, 0)
-    if not (math.isfinite(first_ms) and first_ms > 0):
-        raise ValueError(f"--surface {spec}: a 1-token chunk takes {first_ms} ms on it; every batch must take time")
-    return surface
-
-
-def _read_surface(spec: str) -> Surface:
-    if spec in ("", "synthetic"):
-        return SYNTHETIC
-    if spec.startswith("quadratic:"):
-        try:
-            values = [float(v) for v in spec.split(":", 1)[1].split(",")]
-            if len(values) != 5:
-                raise ValueError(f"{len(values)} values")
-            return QuadraticSurface(*values, name="quadratic")
-        except ValueError as exc:
-            raise ValueError(
-                f"--surface {spec!r}: expected quadratic:C0,C1,C2,C3,C4 (five ms coefficients of 1, C, H, C^2, C*H)"
-                f" ({exc})"
-            ) from None
-    path = Path(spec)
-    if not path.is_file():
-        raise ValueError(f"--surface {spec!r}: no such file (give a .csv, a profile .json, or 'synthetic')")
-    try:
-        return _surface_from_file(path, spec)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--surface {spec}: cannot read it ({exc})") from None
-
-
-def _surface_from_file(path: Path, spec: str) -> Surface:
-    """A measured CSV, or an engine profile JSON (its model, else its samples)."""
-    if path.suffix == ".csv":
-        return _from_points(load_csv_points(path), path.name, spec)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--surface {spec}: not a JSON profile ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"--surface {spec}: a profile is a JSON object")
-    stages = _profile_stages(data)
-    label = f"{path.name} (engine model x PP {stages})" if stages > 1 else f"{path.name} (engine model)"
-    try:
-        model = _model_from_profile(data, label, float(stages))
-    except ValueError as exc:
-        raise ValueError(f"--surface {spec}: {exc}") from None
-    if model is not None:
-        return model
-    points = [(c, h, ms * stages) for c, h, ms in _points_from_profile(data, f"--surface {spec}")]
-    if len(points) >= 5:
-        return _from_points(points, path.name, spec)
-    raise ValueError(
-        f"--surface {spec}: the profile has neither coefficients c0_ms..c4_ms nor 5 measured samples;"
-        " save it with a fitted model or pass a CSV"
-    )
-
-
-def _from_points(points: Sequence[tuple[int, int, float]], name: str, spec: str) -> Surface:
-    try:
-        return GridSurface.from_points(points, name=name)
-    except ValueError as exc:
-        raise ValueError(f"--surface {spec}: {exc}") from None
-
-
 @dataclass(frozen=True)
 class StageTimer:
-    """Per-stage time of a batch: surface time times the stage's layer share times noise."""
+    """Per-stage time of a batch: surface time x the stage's layer share x noise x drift.
+
+    Noise is log-normal with sigma ``noise_sigma``, independent per batch and stage.
+    Drift is slow: a factor ``1 + drift * sin(2 pi k / DRIFT_PERIOD_CALLS)`` over the
+    k-th call (batch or profiling run), as a device whose clocks or neighbours change.
+    """
 
     surface: Surface
     stage_shares: tuple[float, ...]
     noise_sigma: float = 0.0
     seed: int = 0
+    drift: float = 0.0
+
+    DRIFT_PERIOD_CALLS = 400
 
     @classmethod
     def build(
@@ -398,6 +244,7 @@ class StageTimer:
         layers: Sequence[int] | None = None,
         noise_sigma: float = 0.0,
         seed: int = 0,
+        drift: float = 0.0,
     ) -> StageTimer:
         if layers:
             if len(layers) != num_stages or any(n <= 0 for n in layers):
@@ -406,23 +253,26 @@ class StageTimer:
             shares = tuple(n / total for n in layers)
         else:
             shares = tuple(1.0 / num_stages for _ in range(num_stages))
-        if noise_sigma < 0:
-            raise ValueError(f"--noise must be >= 0, got {noise_sigma}")
-        return cls(surface, shares, noise_sigma, seed)
+        if not (math.isfinite(noise_sigma) and noise_sigma >= 0):
+            raise ValueError(f"--noise must be a finite number >= 0, got {noise_sigma}")
+        if not (math.isfinite(drift) and 0 <= drift < 1):
+            raise ValueError(f"--drift must be in [0, 1), got {drift}")
+        return cls(surface, shares, noise_sigma, seed, drift)
 
-    def _noise(self, stream: int, index: int) -> np.ndarray:
+    def _factors(self, stream: int, index: int) -> np.ndarray:
+        drift = 1.0 + self.drift * math.sin(2 * math.pi * index / self.DRIFT_PERIOD_CALLS)
         if self.noise_sigma == 0:
-            return np.ones(len(self.stage_shares))
+            return np.full(len(self.stage_shares), drift)
         rng = np.random.default_rng([self.seed, stream, index])
-        return np.exp(rng.normal(0.0, self.noise_sigma, size=len(self.stage_shares)))
+        return drift * np.exp(rng.normal(0.0, self.noise_sigma, size=len(self.stage_shares)))
 
     def __call__(self, chunks: tuple[Chunk, ...], batch_index: int) -> tuple[float, ...]:
         total_ms = batch_ms(self.surface, [(c.chunk_tokens, c.history_tokens) for c in chunks])
-        noise = self._noise(0, batch_index)
-        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, noise, strict=True))
+        factors = self._factors(0, batch_index)
+        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, factors, strict=True))
 
     def profile_stage_ms(self, chunk_tokens: int, history_tokens: int, call_index: int) -> tuple[float, ...]:
         """Each stage's compute for one profiling run (what each PP rank's worker measures)."""
-        total_ms = self.surface.request_ms(chunk_tokens, history_tokens)
-        noise = self._noise(1, call_index)
-        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, noise, strict=True))
+        total_ms = self.surface.time_ms(chunk_tokens, history_tokens)
+        factors = self._factors(1, call_index)
+        return tuple(total_ms * share * float(n) for share, n in zip(self.stage_shares, factors, strict=True))

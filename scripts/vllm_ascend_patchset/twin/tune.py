@@ -112,7 +112,7 @@ def run_tune(args: argparse.Namespace, surface_spec: str, stage_counts: list[int
     if kind == "upstream" and "ours" in args.policies:
         print("note: our scheduler is not assembled (make assemble); tuning upstream's CPP instead")
     setups = [
-        pol.Setup(surface_spec, p, w, args.seed, layers, args.noise, args.async_scheduling)
+        pol.Setup(surface_spec, p, w, args.seed, layers, args.noise, args.async_scheduling, args.drift)
         for p in stage_counts
         for w in build_workloads(args, surface_spec, p)
     ]

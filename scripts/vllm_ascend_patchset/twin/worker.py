@@ -44,14 +44,20 @@ class PolicyRunner:
     """Builds a policy's scheduler, runs its start-up profiling, and wires its timing feedback."""
 
     def __init__(self, tree: Path, case: dict[str, Any]) -> None:
-        from .surface import StageTimer, load_surface
+        from .surface import StageTimer
+        from .surface_files import load_surface
         from .workloads import Workload
 
         self.tree = tree
         self.num_stages = int(case["num_stages"])
         self.surface = load_surface(case["surface"])
         self.timer = StageTimer.build(
-            self.surface, self.num_stages, case.get("layers"), float(case.get("noise_sigma", 0.0)), int(case["seed"])
+            self.surface,
+            self.num_stages,
+            case.get("layers"),
+            float(case.get("noise_sigma", 0.0)),
+            int(case["seed"]),
+            float(case.get("drift", 0.0)),
         )
         self.workload = Workload.from_json(case["workload"])
         self.async_scheduling = bool(case.get("async_scheduling", False))
@@ -155,8 +161,8 @@ def describe_calibration(scheduler: Any, profiled_rule: Any, workload: Any) -> d
     return {
         "timed_steps": scheduler.cpp_timed_steps,
         "refits_adopted": calibration.refits_adopted,
-        "profiled_target_ms": profiled_rule.plan_target(first),
-        "final_target_ms": final_rule.plan_target(first),
+        "profiled_target_ms": profiled_rule.plan_target(first).target_ms,
+        "final_target_ms": final_rule.plan_target(first).target_ms,
     }
 
 

@@ -83,7 +83,7 @@ def _k(tokens: int) -> str:
 
 def prefill_tokens_per_s(surface: Surface, num_stages: int, chunk_tokens: int, history_tokens: int) -> float:
     """Pipeline throughput of back-to-back chunks of this size at this history."""
-    return chunk_tokens / (surface.request_ms(chunk_tokens, history_tokens) / num_stages) * 1000.0
+    return chunk_tokens / (surface.time_ms(chunk_tokens, history_tokens) / num_stages) * 1000.0
 
 
 def mixed(

@@ -1,0 +1,213 @@
+"""Whether a CPP profile may schedule: refuse broken data, judge stability by the decisions.
+
+``judge`` is the one acceptance rule, for a fresh profile and a cached one alike. A
+profile is the samples of ``core/cpp_samples.py`` (each admitted by ``check_sample``;
+one that is not is dropped and counted). It is judged by what it is for, never by how
+well one functional form fits it:
+
+1. **Broken data** is refused: too few valid samples to form the grid of chunk sizes by
+   history lengths the model needs, or a time that falls as the chunk (or the history)
+   grows by more than the measured scatter allows (``FALL_SIGMAS`` times the relative
+   scatter between repeats of one point, and at least ``MIN_FALL``). Times that fall
+   within the scatter are noise; the model averages them away.
+2. **Stability** is judged on the decisions: the repeats are split into rounds (the
+   k-th run of every point), each round's model plans the *reference prompt* (one
+   prompt filling the history the scheduler will see, at this pipeline depth), and each
+   round's schedule is timed on the model of all rounds. If a round's schedule is slower
+   than the full model's own by more than ``UNSTABLE_LOSS``, the profile is too noisy to
+   decide well, and one more round is measured. Noise alone never refuses a profile:
+   after the last round the model of every round's median is the best estimate there is.
+3. **Tiles**: a device that works on tiles of rows (64 to 512 tokens) costs as much for
+   one token past a tile boundary as for a whole tile more. The profile's tile probe
+   measures pairs of sizes S and S + 1 at an odd multiple S of each candidate tile: a
+   jump beyond the scatter, and beyond the smooth cost of ``STEP_TOKENS`` tokens, at a
+   tile's boundaries and at every larger candidate's, makes the smallest such tile the
+   granule, and chunks are then whole multiples of it (core/cpp_chunk_rule.py).
+4. **The fallback is never the worst choice**: when a profile stays broken,
+   the scheduler runs the fixed chunk that is best for the reference prompt on what the
+   valid samples measured (``best_fixed_chunk``), or, if nothing valid is left,
+   upstream's behaviour (fixed chunks of ``max_num_batched_tokens``).
+
+Pure Python and numpy: no vLLM, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_samples import FitError, Point, SampleError, check_sample, group_points
+
+__all__ = ["Verdict", "best_fixed_chunk", "judge", "reference_prompt_tokens", "schedule_ttft_ms"]
+
+FALL_SIGMAS = 4.0  # a fall beyond this many sigmas of the repeat scatter is not noise
+MIN_FALL = 0.10  # ... and never a fall under 10% (a faster kernel for a larger size is not broken data)
+UNSTABLE_LOSS = 0.03  # a round's schedule may cost this much more than the full model's own
+TILE_CANDIDATES = (64, 128, 256, 512)  # tile sizes the profile probes
+STEP_TOKENS = 12  # a tile step costs more than this many tokens' smooth share of the time
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a profile gives the scheduler.
+
+    ``model``: schedule with it (None: no model). ``fixed_chunk_tokens``: without a
+    model, the fixed chunk to run (None: upstream's behaviour). ``noisy``: measuring
+    more rounds may change the verdict. ``reason``: why, for the one log line.
+    """
+
+    model: LatencyModel | None
+    fixed_chunk_tokens: int | None
+    noisy: bool
+    reason: str
+    granule_tokens: int = 1
+
+
+def _valid(samples: Iterable[object]) -> tuple[list[tuple[int, int, float]], int]:
+    valid, dropped = [], 0
+    for sample in samples:
+        try:
+            valid.append(check_sample(sample))
+        except SampleError:
+            dropped += 1
+    return valid, dropped
+
+
+def _falls(points: Sequence[Point], tolerance: float) -> list[str]:
+    """Adjacent points, along the chunk sizes of a history or the histories of a chunk size, whose time falls."""
+    by_key = {(p.chunk_tokens, p.history_tokens): p.median_ms for p in points}
+    chunks = sorted({p.chunk_tokens for p in points})
+    histories = sorted({p.history_tokens for p in points})
+    falls = []
+    for axis, others, key in ((chunks, histories, lambda a, o: (a, o)), (histories, chunks, lambda a, o: (o, a))):
+        for other in others:
+            line = [(a, by_key[key(a, other)]) for a in axis if key(a, other) in by_key]
+            for (a0, t0), (a1, t1) in zip(line, line[1:]):
+                if t1 < t0 * (1.0 - tolerance):
+                    c0, h0 = key(a0, other)
+                    c1, h1 = key(a1, other)
+                    falls.append(f"({c1}, {h1}) takes {t1:.4g} ms, {1 - t1 / t0:.0%} less than ({c0}, {h0})")
+    return falls
+
+
+def grid_part(points: Sequence[Point]) -> list[Point]:
+    """The points whose chunk size was measured at every history length (the probe's extra sizes are not)."""
+    histories = {p.history_tokens for p in points}
+    sizes: dict[int, set[int]] = {}
+    for p in points:
+        sizes.setdefault(p.chunk_tokens, set()).add(p.history_tokens)
+    return [p for p in points if sizes[p.chunk_tokens] == histories]
+
+
+def detect_granule(points: Sequence[Point], scatter: float) -> int:
+    """The tile the profile's probe saw time step at (1: none); see the module docstring."""
+    without_history = {p.chunk_tokens: p.median_ms for p in points if p.history_tokens == 0}
+    granule = 1
+    for tile in sorted(TILE_CANDIDATES, reverse=True):
+        boundaries = [c for c in without_history if c % tile == 0 and (c // tile) % 2 == 1 and c + 1 in without_history]
+        if not boundaries:
+            continue
+        size = boundaries[0]
+        jump = without_history[size + 1] / without_history[size] - 1.0
+        if not jump > max(FALL_SIGMAS * scatter, STEP_TOKENS / size):
+            break
+        granule = tile
+    return granule
+
+
+def reference_prompt_tokens(rule: ChunkRule, max_history_tokens: int) -> int:
+    """The prompt the decisions are judged on: one that fills the history the scheduler will see."""
+    limits = rule.limits
+    return max(limits.floor_tokens, min(limits.max_model_len, max_history_tokens + limits.cap_tokens))
+
+
+def schedule_ttft_ms(rule: ChunkRule, truth: LatencyModel, prompt_tokens: int) -> float:
+    """One prompt planned and chunked by ``rule``, its TTFT on ``truth``: sum of times + (P - 1) x the largest."""
+    plan = rule.plan_target([(0, prompt_tokens)])
+    budget = StepBudget(rule, plan)
+    history, remaining, times = 0, prompt_tokens, []
+    while remaining > 0:
+        budget.start()
+        chunk = budget.grant(history, remaining, remaining)
+        if chunk <= 0:
+            return float("inf")
+        times.append(truth.time_ms(chunk, history))
+        history, remaining = history + chunk, remaining - chunk
+    return sum(times) + (rule.num_stages - 1) * max(times)
+
+
+def best_fixed_chunk(rule: ChunkRule, prompt_tokens: int) -> int:
+    """The fixed chunk (a profiled size from the floor to the cap) with the least TTFT for the reference prompt."""
+    model, limits = rule.model, rule.limits
+    candidates = [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens]
+    best, best_ms = candidates[-1], float("inf")
+    for chunk in candidates:
+        starts = np.arange(0, prompt_tokens, chunk, dtype=np.float64)
+        sizes = np.minimum(chunk, prompt_tokens - starts)
+        times = model.time_ms_many(sizes, starts)
+        ttft_ms = float(times.sum() + (rule.num_stages - 1) * times.max())
+        if ttft_ms < best_ms:
+            best, best_ms = chunk, ttft_ms
+    return int(best)
+
+
+def _rounds(samples: Sequence[tuple[int, int, float]]) -> list[list[tuple[int, int, float]]]:
+    """The k-th run of every point, for each k that every point has (the profile runs in passes)."""
+    seen: dict[tuple[int, int], int] = {}
+    rounds: dict[int, list] = {}
+    for chunk, history, latency in samples:
+        k = seen.get((chunk, history), 0)
+        seen[(chunk, history)] = k + 1
+        rounds.setdefault(k, []).append((chunk, history, latency))
+    complete = min(seen.values(), default=0)
+    return [rounds[k] for k in range(complete)]
+
+
+def judge(
+    samples: Iterable[object], limits: ChunkLimits, num_stages: int, *, max_history_tokens: int, last_round: bool
+) -> Verdict:
+    """The verdict on a profile for a scheduler with these limits and pipeline depth (see the module doc).
+
+    ``last_round``: no more measuring will follow, so noise is settled by the fallback.
+    """
+    valid, dropped = _valid(samples)
+    note = f"; {dropped} sample(s) not measurements, dropped" if dropped else ""
+    all_points, scatter = group_points(valid)
+    points = grid_part(all_points)
+    try:
+        model = LatencyModel.from_points(points, scatter)
+    except FitError as error:
+        return Verdict(None, None, False, f"no usable profile ({error}){note}")
+    granule = detect_granule(all_points, scatter)
+    if granule > 1:
+        note = f"; time steps every {granule} tokens: chunks are multiples of it{note}"
+    judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
+    prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
+    tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
+    falls = _falls(points, tolerance)
+    if falls:
+        reason = f"broken profile: {len(falls)} time(s) fall as the chunk or history grows, e.g. {falls[0]}{note}"
+        if not last_round:
+            return Verdict(None, None, True, reason)
+        return Verdict(None, best_fixed_chunk(judged, prompt_tokens), False, reason, granule)
+    rounds = _rounds(valid)
+    loss = 0.0
+    if len(rounds) >= 2:
+        own_ms = schedule_ttft_ms(judged, model, prompt_tokens)
+        for samples_of_round in rounds:
+            round_points, _ = group_points(samples_of_round)
+            try:
+                round_rule = judged.with_model(LatencyModel.from_points(grid_part(round_points)))
+            except FitError:
+                continue
+            loss = max(loss, schedule_ttft_ms(round_rule, model, prompt_tokens) / own_ms - 1.0)
+    reason = (
+        f"accepted: {model.describe()}; a single round's schedule of a {prompt_tokens}-token prompt "
+        f"costs {loss:+.1%}{note}"
+    )
+    if loss > UNSTABLE_LOSS and not last_round:
+        return Verdict(None, None, True, f"unstable decisions: a single round's schedule costs {loss:+.1%}{note}")
+    return Verdict(model, None, False, reason, granule)

@@ -1,0 +1,244 @@
+"""The batch-time target of dynamic chunked pipeline parallelism (CPP): a plan for the held prefills.
+
+``plan_target`` chooses the target T that minimises the predicted mean time to first
+token of the prefills the scheduler holds, given P stages:
+
+1. For each candidate T the chunks of every held prefill follow from the chunk rule
+   (core/cpp_chunk_rule.py, ``chunk_alone_many``: the same numbers the step budget
+   grants); their total time is integrated over the prompt (Simpson's rule on the
+   time per token of the chunk covering each position, read from the measured model),
+   and the TTFT of the j-th prefill in FCFS order is the work of prefills 1..j plus
+   (P - 1) times the largest batch, the batches still in flight included. One prompt at
+   a shallow pipeline wants large chunks; a deep pipeline wants smaller ones to shorten
+   the fill; a backlog wants the most tokens per millisecond.
+2. The engine keeps at most P batches in flight, so a batch shorter than the one P
+   places before it cannot start earlier: the largest batch in flight counts in the
+   fill and drain term, and T does not drop for a gain it cannot have.
+3. When the first prefill needs few chunks (up to ``EXACT_MAX_CHUNKS``) counting chunks
+   as a continuous quantity misjudges the last one, so the result is checked chunk by
+   chunk, by running the step budget itself, against the targets at which its chunk
+   count steps, where the best target lies.
+4. Decodes ride in the same batches and wait for each one, so their inter-token latency
+   grows with T. When requests are decoding, T is at most the time of the next batch
+   under the fixed chunk that would serve the same prefills best (the chunk a user would
+   tune by hand), so decodes wait no longer than under that chunk, and within that bound
+   the planner still chooses the chunks. It then takes the shortest T whose prefill work
+   is within ``DECODE_WORK_SLACK`` of that of the TTFT-best T; where the work is flat in
+   T batches get much shorter for almost nothing. ``max_batch_ms`` bounds T for an
+   explicit latency objective.
+
+The search runs only when the set of held prefills changes, never per step. Pure
+Python and numpy: no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan, StepBudget
+
+__all__ = ["DECODE_WORK_SLACK", "EXACT_MAX_CHUNKS", "PLAN_MAX_PREFILLS", "plan_target", "prefill_chunk_ms"]
+
+PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
+_PLAN_PANELS = 8  # Simpson panels per prefill
+_PLAN_GRID = 24  # candidate targets per search round (two rounds)
+_GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
+_NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
+_SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
+EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
+_STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
+DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
+
+
+def target_bounds(rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
+    """Targets worth searching: a floor-sized chunk at the deepest history, up to a full cap there.
+
+    ``max_batch_ms`` bounds both: the user's latency bound wins over the low end too (the
+    step's first prefill still advances by the floor).
+    """
+    model, limits = rule.model, rule.limits
+    deepest = max((history + remaining for history, remaining in prefills), default=0)
+    deepest = min(deepest, limits.max_model_len)
+    low = fixed_ms + model.request_ms(limits.floor_tokens, deepest)
+    high = max(low, fixed_ms + model.request_ms(limits.cap_tokens, deepest))
+    if limits.max_batch_ms is not None:
+        low, high = min(low, limits.max_batch_ms), min(high, limits.max_batch_ms)
+    return low, high
+
+
+def plan_target(
+    rule: ChunkRule,
+    prefills: Sequence[tuple[int, int]],
+    *,
+    fixed_ms: float | None = None,
+    inflight_ms: float = 0.0,
+    decoding: int = 0,
+) -> Plan:
+    """The plan whose target minimises the predicted mean TTFT of ``prefills`` (see the module docstring).
+
+    ``prefills``: (history_tokens, remaining_tokens) in FCFS order; ``fixed_ms``: each
+    batch's cost before any prefill (the model's fixed cost plus the decodes it carries);
+    ``inflight_ms``: the largest predicted time of a batch still in flight; ``decoding``:
+    how many requests are decoding (rule 4 applies when there are any). Always returns a
+    finite target within the bounds.
+    """
+    model = rule.model
+    fixed_ms = model.fixed_ms if fixed_ms is None else max(float(fixed_ms), model.fixed_ms)
+    if not math.isfinite(fixed_ms):
+        fixed_ms = model.fixed_ms
+    efficient = rule.efficient_chunks(fixed_ms)
+    held = [(max(0, int(h)), int(r)) for h, r in prefills if r > 0][:PLAN_MAX_PREFILLS]
+    low, high = target_bounds(rule, held, fixed_ms)
+    if not held or high <= low * (1.0 + 1e-6):
+        return Plan(high, fixed_ms, efficient)
+    if decoding:
+        # Decodes wait for every batch: none longer than the next batch of the best fixed chunk.
+        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, fixed_ms, inflight_ms)))
+        if high <= low * (1.0 + 1e-6):
+            return Plan(high, fixed_ms, efficient)
+    candidates = low * (high / low) ** _GRID_STEPS
+    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient)
+    best = int(np.argmin(costs))
+    if not np.isfinite(costs[best]):
+        return Plan(high, fixed_ms, efficient)
+    # Refine between the neighbours of the best candidate.
+    lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
+    fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
+    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient)
+    candidates = np.concatenate([candidates, fine])
+    costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
+    best = int(np.argmin(costs))
+    if not decoding:
+        target = _refine_for_few_chunks(rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient)
+        return Plan(target, fixed_ms, efficient)
+    # Decodes ride in these batches and wait for each one: take the shortest batch that
+    # does the prefills' work within DECODE_WORK_SLACK of the best target's.
+    shorter = (candidates <= candidates[best]) & (work <= work[best] * (1.0 + DECODE_WORK_SLACK))
+    return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
+
+
+def predicted_ttft_ms(
+    rule: ChunkRule,
+    held: Sequence[tuple[int, int]],
+    targets: np.ndarray,
+    fixed_ms: float,
+    inflight_ms: float,
+    efficient: EfficientChunks,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
+    model = rule.model
+    starts = np.array([float(h) for h, _ in held])[:, None]
+    remaining = np.array([float(r) for _, r in held])
+    histories = starts + remaining[:, None] * _NODES[None, :]  # (prefills, nodes)
+    target = np.asarray(targets, dtype=np.float64)[:, None, None]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        chunk = rule.chunk_alone_many(histories[None, :, :], target, fixed_ms, efficient)
+        feasible = np.all(chunk > 0, axis=(1, 2))
+        chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
+        # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
+        # its time per token is what that stretch of the prompt costs.
+        covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
+        per_token_ms = (fixed_ms + model.request_ms_many(chunk, covering)) / chunk
+        work_ms = (per_token_ms @ _SIMPSON) * remaining  # (targets, prefills)
+        chunk_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])
+    largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
+    mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (rule.num_stages - 1) * largest_ms
+    ok = feasible & np.isfinite(mean_ttft_ms) & np.all(work_ms > 0, axis=1)
+    return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms.sum(axis=1), np.inf)
+
+
+def fixed_chunk_batch_ms(
+    rule: ChunkRule, held: Sequence[tuple[int, int]], fixed_ms: float, inflight_ms: float
+) -> float:
+    """The next batch's time under the fixed chunk that would give ``held`` the least predicted mean TTFT.
+
+    Fixed chunks are the profiled sizes from the floor to the cap; for each, every prefill
+    is chunked at that size, its time per token integrated over the prompt as in
+    ``predicted_ttft_ms``. The batch is the first held prefill's next one.
+    """
+    model, limits = rule.model, rule.limits
+    sizes = np.array(
+        [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
+        dtype=np.float64,
+    )[:, None, None]
+    starts = np.array([float(h) for h, _ in held])[:, None]
+    remaining = np.array([float(r) for _, r in held])
+    histories = starts + remaining[:, None] * _NODES[None, :]
+    chunk = np.minimum(sizes, remaining[None, :, None])
+    batch_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])  # (sizes, prefills, nodes)
+    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
+    per_token_ms = (fixed_ms + model.request_ms_many(chunk, covering)) / chunk
+    work_ms = (per_token_ms @ _SIMPSON) * remaining
+    largest_ms = np.maximum(batch_ms.max(axis=(1, 2)), inflight_ms)
+    mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (rule.num_stages - 1) * largest_ms
+    return float(batch_ms[int(np.argmin(mean_ttft_ms)), 0, 0])
+
+
+def prefill_chunk_ms(rule: ChunkRule, plan: Plan, history: int, remaining: int, limit: int) -> list[float]:
+    """The batch times of one prefill scheduled alone, step by step by ``StepBudget`` (at most ``limit``)."""
+    budget = StepBudget(rule, plan)
+    extra_ms = plan.fixed_ms - rule.model.fixed_ms
+    times: list[float] = []
+    while remaining > 0 and len(times) < limit:
+        budget.start(extra_ms)
+        chunk = budget.grant(history, remaining, remaining)
+        if chunk <= 0:
+            break
+        budget.charge("prefill", chunk, history)
+        times.append(budget.predicted_ms())
+        history, remaining = history + chunk, remaining - chunk
+    return times if remaining <= 0 else []
+
+
+def _refine_for_few_chunks(
+    rule: ChunkRule,
+    held: Sequence[tuple[int, int]],
+    target_ms: float,
+    low: float,
+    high: float,
+    fixed_ms: float,
+    inflight_ms: float,
+    efficient: EfficientChunks,
+) -> float:
+    """Between the targets at which the first prefill's chunk count steps, the predicted TTFT
+    rises with the target, so the best target is one of those steps. Compare, chunk by chunk,
+    the target found with the least targets at which the first prefill fits in one chunk
+    fewer, as many, or one more."""
+
+    def plan(target: float) -> Plan:
+        return Plan(target, fixed_ms, efficient)
+
+    def exact_cost(target: float) -> tuple[float, int]:
+        total, cumulative, largest, first_chunks = 0.0, 0.0, inflight_ms, 0
+        for history, remaining in held:
+            times = prefill_chunk_ms(rule, plan(target), history, remaining, EXACT_MAX_CHUNKS)
+            if not times:
+                return math.inf, EXACT_MAX_CHUNKS + 1
+            first_chunks = first_chunks or len(times)
+            cumulative += sum(times)
+            total += cumulative
+            largest = max(largest, *times)
+        return total / len(held) + (rule.num_stages - 1) * largest, first_chunks
+
+    first_history, first_remaining = held[0]
+
+    def first_fits(target: float, count: int) -> bool:
+        return bool(prefill_chunk_ms(rule, plan(target), first_history, first_remaining, count))
+
+    best_cost, chunks = exact_cost(target_ms)
+    if chunks > EXACT_MAX_CHUNKS:
+        return target_ms
+    best_target = target_ms
+    for count in range(max(1, chunks - 1), min(chunks + 1, EXACT_MAX_CHUNKS) + 1):
+        if not first_fits(high, count):
+            continue
+        lo_ms, hi_ms = low, high  # the least target at which the first prefill takes <= count chunks
+        for _ in range(_STEP_SEARCH_ROUNDS):
+            middle = math.sqrt(lo_ms * hi_ms)
+            lo_ms, hi_ms = (lo_ms, middle) if first_fits(middle, count) else (middle, hi_ms)
+        cost = exact_cost(hi_ms)[0]
+        if cost < best_cost:
+            best_cost, best_target = cost, hi_ms
+    return best_target

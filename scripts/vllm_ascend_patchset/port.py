@@ -17,7 +17,8 @@ contracts (``contracts.py``) run against the checkout.
 The checkout is the work tree: the merged files (with conflict markers where a person
 must decide) and the overlay files are written there, and nothing else is touched, not
 even git's index. Files the port would write must have no uncommitted changes first,
-so nothing is lost. ``dry_run`` writes nothing there and only reports. What happens at each overlay file's
+so nothing is lost, and must not be links or the wrong kind of entry (``checkout_files``).
+``dry_run`` writes nothing there and only reports. What happens at each overlay file's
 path is ``port_overlay``'s.
 """
 
@@ -31,6 +32,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checkout_files import path_problems, write_text
 from .contracts import ContractResult, config_contract, metadata_contract
 from .diffs import _diff_lines
 from .hunks import DiffError, FileDiff, Hunk, apply_exact, find_block, merge_file, parse_diff
@@ -167,6 +169,11 @@ def _git(cwd: Path, *args: str) -> str:
 
 def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[str, str]:
     """(commit, describe) of the checkout; refuses one the port could damage."""
+    problems = path_problems(upstream, paths)
+    if problems:
+        raise PortError(
+            f"{upstream}: the port refuses paths it writes, and nothing was written:\n  " + "\n  ".join(problems)
+        )
     if not (upstream / PACKAGE / "__init__.py").is_file():
         raise PortError(f"{upstream} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at a vllm-ascend checkout")
     top = Path(_git(upstream, "rev-parse", "--show-toplevel")).resolve()
@@ -520,13 +527,11 @@ def port(
     if not dry_run:
         for path, lines in porter.current.items():
             if any(path in change.after for change in porter.changes):
-                (upstream / path).write_text("".join(lines))
+                write_text(upstream, path, "".join(lines))
                 report.written.append(path)
         for entry, result in zip(overlay, report.overlay, strict=True):
             if result.written:  # never over a file upstream added at the path of a new one of ours
-                dest = upstream / entry.repo_path
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text("".join(overlay_files[entry.repo_path]))
+                write_text(upstream, entry.repo_path, "".join(overlay_files[entry.repo_path]))
                 report.written.append(entry.repo_path)
     return report
 

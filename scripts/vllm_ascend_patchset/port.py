@@ -182,11 +182,12 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
     commit = _git(upstream, "rev-parse", "HEAD")
     describe = _git(upstream, "describe", "--tags", "--always")
     if not dry_run:
-        dirty = _git(upstream, "status", "--porcelain", "--untracked-files=all", "--", *paths)
+        dirty = _git(upstream, "status", "--porcelain", "--untracked-files=all", "--ignored=matching", "--", *paths)
         if dirty:
             raise PortError(
-                f"{upstream} has uncommitted changes in files the port writes:\n{dirty}\n"
-                "commit or stash them (or 'git checkout -- <file>' to drop an earlier port), then run the port again"
+                f"{upstream} has uncommitted changes in files the port writes:\n{dirty}\ncommit or stash them, "
+                "move an ignored (!!) file away (or 'git checkout -- <file>' to drop an earlier port), then run the "
+                "port again"
             )
     return commit, describe
 

@@ -231,3 +231,15 @@ def test_a_checkout_that_is_a_file_or_missing_is_refused_plainly(tmp_path, capsy
         assert cli.main(["port", str(where), "--dry-run", "--report", str(tmp_path / "r.txt")]) == 2
         assert f"{where} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at" in capsys.readouterr().err
     assert afile.read_text() == "not a checkout\n"
+
+
+def test_a_git_ignored_file_at_the_path_of_ours_is_refused_and_kept(tmp_path, pristine):
+    """git status hides ignored files: one at our path was taken for upstream's own module."""
+    repo = _repo(tmp_path, pristine, lambda r: (r / ".gitignore").write_text("cpp_config.py\n"))
+    (repo / PACKAGE / OURS).write_text("# a local, ignored file\n")
+    with pytest.raises(PortError) as error:
+        _port(repo, pristine)
+    message = str(error.value)
+    assert f"uncommitted changes in files the port writes:\n!! {PACKAGE}/{OURS}\n" in message
+    assert "move an ignored (!!) file away" in message
+    assert (repo / PACKAGE / OURS).read_text() == "# a local, ignored file\n"

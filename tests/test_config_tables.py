@@ -129,18 +129,57 @@ def test_ints_refuse_alike(name, key, bad):
     assert str(info.value).startswith(f"{section_key}.{key}={bad!r}: must be {spec.expects()} (default ")
 
 
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int))
+def test_every_integer_key_has_a_finite_upper_bound_the_docs_show(name, key):
+    """A window, a count or a token number past it cannot be meant, and would fail only later (a deque's
+    maxlen overflows after the whole start-up profile ran); a key without its own bound takes the ceiling."""
+    spec = config_table.settings(SECTIONS[name][0])[key][1]
+    assert spec.high is not None and spec.high <= config_table.INT_CEILING
+    assert spec.expects().startswith(f"an integer in [{spec.low:.0f}, {spec.high:.0f}]")
+
+
 @pytest.mark.parametrize(("name", "key"), _keys_of_kind(int) + _keys_of_kind(float))
-def test_a_huge_json_integer_is_checked_like_any_other(name, key):
-    """JSON integers have no size limit: an int key range-checks one as any other, a float key refuses
-    one past every float, and neither crashes."""
+@pytest.mark.parametrize(
+    ("huge", "shown"),
+    [(10**400, None), (-(10**5000), "<a negative integer of about 5000 digits>")],
+    ids=["10**400", "-10**5000"],
+)
+def test_a_huge_integer_is_refused_in_one_short_line_naming_the_key(name, key, huge, shown):
+    """JSON and the Python API put no limit on an integer's size, and str() refuses one past 4300 digits:
+    every number key refuses it naming the key, in a line a person can read."""
     section, section_key, parse, error, _doc = SECTIONS[name]
     spec = config_table.settings(section)[key][1]
-    huge = 10**400
-    if spec.high is None and spec.kind is int:
-        assert getattr(parse({key: huge}), key) == huge
-    else:
-        with pytest.raises(error, match=re.escape(f"{section_key}.{key}={huge!r}: must be {spec.expects()}")):
-            parse({key: huge})
+    with pytest.raises(error) as info:
+        parse({key: huge})
+    message = str(info.value)
+    shown = shown or "<an integer of about 400 digits>"
+    assert message.startswith(f"{section_key}.{key}={shown}: must be {spec.expects()} (default "), message
+    assert len(message) < 300
+
+
+@pytest.mark.parametrize(("name", "key"), _keys_of_kind(int))
+def test_a_huge_float_is_refused_by_every_integer_key(name, key):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error, match=re.escape(f"{section_key}.{key}=1e+19: must be an integer in [")):
+        parse({key: 1e19})
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_what_cannot_be_printed_in_full_is_shortened_in_every_message(name):
+    section, section_key, parse, error, _doc = SECTIONS[name]
+    huge = 10**5000
+    with pytest.raises(error) as info:
+        parse({"unknown": huge, huge: "x", "enabled": [huge], "other": "y" * 100_000})
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"{section_key}: 4 problems:"
+    assert f"  {section_key}.unknown=<an integer of about 5000 digits>: not a known key" in lines
+    assert f"  {section_key}.<an integer of about 5000 digits>='x': not a known key" in lines
+    assert f"  {section_key}.enabled=[<an integer of about 5000 digits>]: must be true or false (default false)" in (
+        lines
+    )
+    assert all(len(line) < 300 for line in lines)
+    with pytest.raises(error, match=re.escape(f"{section_key}=<an integer of about 5000 digits>: must be a JSON")):
+        parse(huge)
 
 
 @pytest.mark.parametrize(("name", "key"), _keys_of_kind(float))

@@ -11,11 +11,15 @@ Values are checked alike in every section:
 - int: an integer, or a float with an integral value (``128.0`` is 128); not a bool;
 - float: a finite number; not a bool;
 - str: a string; with ``choices``, one of them;
-- ``low`` / ``high`` bound ints and floats (``low_open`` makes the lower bound strict);
+- ``low`` / ``high`` bound ints and floats (``low_open`` makes the lower bound strict); an
+  int key without ``high`` takes ``INT_CEILING``, so no key accepts an integer of any size;
+- ``folder``: a string naming a folder, made absolute at parse time (``~`` expanded, a
+  relative path taken from the working directory); ``""`` passes unchanged;
 - ``nullable``: ``null`` is accepted as well (its meaning is in the key's meaning).
 
 Every problem of a dict (unknown keys, wrong types, values out of range) is reported in
-one error, one line each, as ``<section>.<key>=<value>: <fix>``.
+one error, one line each, as ``<section>.<key>=<value>: <fix>``; a value too long to read
+(an integer of thousands of digits, a long string) is shown shortened.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import reprlib
 import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -31,6 +37,9 @@ SETTING = "setting"  # the field-metadata key holding a field's Setting
 
 T = TypeVar("T")
 _LARGEST_FLOAT = sys.float_info.max
+# The upper bound of an int key that declares none: every count the engine keeps (tokens, steps,
+# requests) fits a signed 32-bit integer, so a value past it is a slip, never a setting.
+INT_CEILING = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class Setting:
     choices: tuple[str, ...] = ()
     nullable: bool = False
     default_from: str | None = None  # when absent, the key takes this other key's value
+    folder: bool = False  # a str that names a folder (see folder_path)
 
     def expects(self) -> str:
         """The accepted values in words, e.g. ``an integer in [8, 4096]``."""
@@ -53,7 +63,7 @@ class Setting:
         elif self.choices:
             text = "one of " + ", ".join(repr(c) for c in self.choices)
         elif self.kind is str:
-            text = "a string"
+            text = "a folder path" if self.folder else "a string"
         else:
             text = "an integer" if self.kind is int else "a number"
             low, high = _number_text(self.low), _number_text(self.high)
@@ -71,6 +81,8 @@ class Setting:
             return None, None
         if self.kind is bool:
             ok = isinstance(value, bool)
+        elif self.kind is str and self.folder and isinstance(value, str):
+            return folder_path(value)
         elif self.kind is str:
             ok = isinstance(value, str) and (not self.choices or value in self.choices)
         elif isinstance(value, bool) or not isinstance(value, int | float):
@@ -100,10 +112,51 @@ def setting(
     choices: tuple[str, ...] = (),
     nullable: bool = False,
     default_from: str | None = None,
+    folder: bool = False,
 ) -> Any:
     """A dataclass field for one key; ``kind`` defaults to the type of ``default``."""
-    spec = Setting(kind or type(default), meaning, low, high, low_open, tuple(choices), nullable, default_from)
+    kind = kind or type(default)
+    if kind is int and high is None:
+        high = INT_CEILING
+    spec = Setting(kind, meaning, low, high, low_open, tuple(choices), nullable, default_from, folder)
     return dataclasses.field(default=default, metadata={SETTING: spec})
+
+
+def folder_path(value: str) -> tuple[str, str | None]:
+    """``(the folder as an absolute path, None)``, or ``(value, what is wrong)``; ``""`` passes unchanged.
+
+    ``~`` and ``~user`` are expanded and a relative path is taken from the working
+    directory now, once: a path that cannot be expanded would otherwise become a folder
+    named ``~...`` in whatever directory the server runs in. The nearest part of the path
+    that exists must be a folder, or saving into it fails after the work is done.
+    """
+    if value == "":
+        return value, None
+    if "\x00" in value:
+        return value, "must not contain a NUL byte: write the folder's path without it"
+    if not value.strip():
+        return value, "is only white space: write a folder path"
+    if value != value.strip():
+        return value, "must not start or end with white space: write the folder's path without it"
+    expanded = os.path.expanduser(value)
+    if expanded.startswith("~"):
+        user = value[1:].split("/", 1)[0]
+        if user:
+            return value, (
+                f"~{user} names no user on this host: write the folder as an absolute path, "
+                "or begin it with ~/ for the user the server runs as"
+            )
+        return value, (
+            f"~ cannot be expanded: HOME is not set and user id {os.getuid()} has no home in the password "
+            "database; set HOME, or give an absolute path"
+        )
+    path = os.path.abspath(expanded)
+    existing = path
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return value, f"{existing} is not a folder: name a folder, or a path under one"
+    return path, None
 
 
 def settings(section: type) -> dict[str, tuple[Any, Setting]]:
@@ -111,9 +164,32 @@ def settings(section: type) -> dict[str, tuple[Any, Setting]]:
     return {f.name: (f.default, f.metadata[SETTING]) for f in dataclasses.fields(section) if SETTING in f.metadata}
 
 
-def problem(key: str, name: str, value: Any, fix: str) -> str:
+class _Shown(reprlib.Repr):
+    """``repr`` cut to a readable length; an integer too long to read is described, not printed.
+
+    ``repr`` of an integer past 4300 digits raises ValueError, so a problem line built with
+    it would lose the key it is about.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxstring = self.maxother = 80
+
+    def repr_int(self, x: int, level: int) -> str:
+        if abs(x) < 10**30:
+            return repr(x)
+        digits = round(x.bit_length() * math.log10(2))
+        return f"<{'a negative' if x < 0 else 'an'} integer of about {digits} digits>"
+
+
+def shown(value: Any) -> str:
+    """``value`` as a problem line shows it: its repr, shortened when too long to read."""
+    return _Shown().repr(value)
+
+
+def problem(key: str, name: Any, value: Any, fix: str) -> str:
     """One problem line: ``<section>.<key>=<value>: <fix>``."""
-    return f"{key}.{name}={value!r}: {fix}"
+    return f"{key}.{name if isinstance(name, str) else shown(name)}={shown(value)}: {fix}"
 
 
 def raise_problems(key: str, problems: list[str], error: type[Exception] = ValueError, footer: str = "") -> None:
@@ -129,7 +205,7 @@ def parse_section(section: type[T], raw: Any, *, key: str, error: type[Exception
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise error(f'{key}={raw!r}: must be a JSON object such as {{"enabled": true}}')
+        raise error(f'{key}={shown(raw)}: must be a JSON object such as {{"enabled": true}}')
     table = settings(section)
     problems = [problem(key, name, raw[name], "not a known key") for name in raw if name not in table]
     footer = f"The keys of {key} are {', '.join(table)}." if problems else ""

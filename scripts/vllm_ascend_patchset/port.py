@@ -17,7 +17,9 @@ contracts (``contracts.py``) run against the checkout.
 The checkout is the work tree: the merged files (with conflict markers where a person
 must decide) and the overlay files are written there, and nothing else is touched, not
 even git's index. Files the port would write must have no uncommitted changes first,
-so nothing is lost. ``dry_run`` writes nothing there and only reports.
+so nothing is lost, and must not be links or the wrong kind of entry (``checkout_files``).
+``dry_run`` writes nothing there and only reports. What happens at each overlay file's
+path is ``port_overlay``'s.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checkout_files import path_problems, write_text
 from .contracts import ContractResult, config_contract, metadata_contract
 from .diffs import _diff_lines
 from .hunks import DiffError, FileDiff, Hunk, apply_exact, find_block, merge_file, parse_diff
 from .pin import ROOT
+from .port_overlay import NEW, OverlayResult, overlay_result
 from .series import OVERLAY_DIR, PACKAGE, OverlayFile, Patch
 from .targets import OverlayPatch, Step, Target, blob_text, git_blob, git_blob_of_text, with_header
 
@@ -56,18 +60,6 @@ class HunkResult:
     status: str  # APPLIES | MERGED | ALREADY | REFRESHED | CONFLICT
     detail: str  # where it went, or the conflicting upstream change
     # number 0: a result for a whole file (a target patch on an overlay file, or one that no longer applies)
-
-
-@dataclass(frozen=True)
-class OverlayResult:
-    relpath: str  # under vllm_ascend/
-    replaces: bool
-    status: str
-    upstream_diff: str = ""  # pin -> target of the replaced upstream file
-
-    @property
-    def needs_attention(self) -> bool:
-        return self.status != "new" and self.status != "unchanged since the pin"
 
 
 @dataclass
@@ -109,8 +101,19 @@ class PortReport:
         return list(dict.fromkeys(h.path for h in self.hunks if h.status == CONFLICT))
 
     @property
+    def to_resolve(self) -> list[str]:
+        """What a person must do before the port is done; the exit status is 1 while there is any."""
+        todo = []
+        if self.conflicted_files:
+            todo.append(
+                f"conflict markers (<<<<<<< upstream ... >>>>>>> <patch>) in: {', '.join(self.conflicted_files)}"
+            )
+        todo += [o.to_resolve() for o in self.overlay if o.conflict]
+        return todo + [f"contract failed: {c.name}" for c in self.contracts if not c.ok]
+
+    @property
     def ok(self) -> bool:
-        return not self.conflicted_files and all(c.ok for c in self.contracts)
+        return not self.to_resolve
 
     def render(self, full: bool = True) -> str:
         out = [
@@ -128,9 +131,9 @@ class PortReport:
             out.append(f"  {h.patch} {h.path} {where}: {h.status}")
             if h.detail:
                 out += [f"      {line}" for line in h.detail.splitlines()]
-        out += ["", "Overlay files that replace an upstream file"]
+        out += ["", "Overlay files that replace an upstream file or meet one"]
         for o in self.overlay:
-            if not o.replaces and o.status == "new":
+            if o.status == NEW:
                 continue
             out.append(f"  {o.relpath}: {o.status}")
             if o.upstream_diff:
@@ -143,19 +146,9 @@ class PortReport:
         out += ["", "Contracts"]
         for c in self.contracts:
             out.append(f"  {'ok  ' if c.ok else 'FAIL'} {c.name}: {c.detail}")
-        out += ["", "To resolve"]
-        todo = []
-        if self.conflicted_files:
-            todo.append(
-                "conflict markers (<<<<<<< upstream ... >>>>>>> <patch>) in: " + ", ".join(self.conflicted_files)
-            )
-        todo += [
-            f"absorb the upstream change into vllm_ascend_overlay/{o.relpath}"
-            for o in self.overlay
-            if o.needs_attention
-        ]
-        todo += [f"contract failed: {c.name}" for c in self.contracts if not c.ok]
-        out += [f"  - {t}" for t in todo] or ["  nothing"]
+        out += ["", "To resolve"] + ([f"  - {t}" for t in self.to_resolve] or ["  nothing"])
+        out += ["", "To review (not a failure)"]
+        out += [f"  - {t}" for t in (o.to_review() for o in self.overlay) if t] or ["  nothing"]
         out.append("")
         if self.dry_run:
             out.append("Dry run: nothing was written to the checkout.")
@@ -176,6 +169,11 @@ def _git(cwd: Path, *args: str) -> str:
 
 def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[str, str]:
     """(commit, describe) of the checkout; refuses one the port could damage."""
+    problems = path_problems(upstream, paths)
+    if problems:
+        raise PortError(
+            f"{upstream}: the port refuses paths it writes, and nothing was written:\n  " + "\n  ".join(problems)
+        )
     if not (upstream / PACKAGE / "__init__.py").is_file():
         raise PortError(f"{upstream} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at a vllm-ascend checkout")
     top = Path(_git(upstream, "rev-parse", "--show-toplevel")).resolve()
@@ -184,11 +182,12 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
     commit = _git(upstream, "rev-parse", "HEAD")
     describe = _git(upstream, "describe", "--tags", "--always")
     if not dry_run:
-        dirty = _git(upstream, "status", "--porcelain", "--untracked-files=all", "--", *paths)
+        dirty = _git(upstream, "status", "--porcelain", "--untracked-files=all", "--ignored=matching", "--", *paths)
         if dirty:
             raise PortError(
-                f"{upstream} has uncommitted changes in files the port writes:\n{dirty}\n"
-                "commit or stash them (or 'git checkout -- <file>' to drop an earlier port), then run the port again"
+                f"{upstream} has uncommitted changes in files the port writes:\n{dirty}\ncommit or stash them, "
+                "move an ignored (!!) file away (or 'git checkout -- <file>' to drop an earlier port), then run the "
+                "port again"
             )
     return commit, describe
 
@@ -480,27 +479,6 @@ class Porter:
         return files
 
 
-def _overlay_result(entry: OverlayFile, pristine_pkg: Path, target_pkg: Path, pin_name: str) -> OverlayResult:
-    pinned, target = _lines(pristine_pkg / entry.relpath), _lines(target_pkg / entry.relpath)
-    if not entry.replaces:
-        if target is not None:
-            return OverlayResult(entry.relpath, False, "conflict: upstream now has a file at this path; rename ours")
-        return OverlayResult(entry.relpath, False, "new")
-    if target is None:
-        return OverlayResult(entry.relpath, True, "removed upstream since the pin: decide whether ours is still needed")
-    if target == pinned:
-        return OverlayResult(entry.relpath, True, "unchanged since the pin")
-    diff = "".join(
-        difflib.unified_diff(
-            pinned or [],
-            target,
-            f"a/{entry.repo_path} ({pin_name})",
-            f"b/{entry.repo_path} (upstream)",
-        )
-    )
-    return OverlayResult(entry.relpath, True, "changed upstream since the pin", diff)
-
-
 def port(
     upstream: Path,
     *,
@@ -532,7 +510,9 @@ def port(
     overlay_files = porter.overlay(overlay, overlay_patches)
     report.hunks = porter.hunks
     report.porter = porter
-    report.overlay = [_overlay_result(e, pristine_pkg, upstream / PACKAGE, pin_name) for e in overlay]
+    report.overlay = [
+        overlay_result(e, overlay_files[e.repo_path], pristine_pkg, upstream / PACKAGE, pin_name) for e in overlay
+    ]
     with tempfile.TemporaryDirectory(prefix="port-overlay-") as tmp:
         if overlay_patches:  # the contracts read our modules as the target gets them
             overlay_dir = Path(tmp)
@@ -548,13 +528,11 @@ def port(
     if not dry_run:
         for path, lines in porter.current.items():
             if any(path in change.after for change in porter.changes):
-                (upstream / path).write_text("".join(lines))
+                write_text(upstream, path, "".join(lines))
                 report.written.append(path)
-        for entry in overlay:
-            if entry.replaces or not (upstream / entry.repo_path).exists():  # never overwrite a new upstream file
-                dest = upstream / entry.repo_path
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                dest.write_text("".join(overlay_files[entry.repo_path]))
+        for entry, result in zip(overlay, report.overlay, strict=True):
+            if result.written:  # never over a file upstream added at the path of a new one of ours
+                write_text(upstream, entry.repo_path, "".join(overlay_files[entry.repo_path]))
                 report.written.append(entry.repo_path)
     return report
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from types import SimpleNamespace
 
 import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 import pytest
+from vllm_ascend import config_table
 from vllm_ascend.core import cpp_config
 from vllm_ascend.core.cpp_config import CppConfigError, parse_cpp_config
 
@@ -33,7 +35,8 @@ def test_defaults_keep_upstream_keys_and_add_ours():
     assert config.enabled and config.need_timing
     assert (config.smooth_factor, config.min_chunk, config.max_fit_chunk) == (1.0, None, 30)
     assert (config.profile_points, config.timing_every, config.tail_tolerance) == (64, 16, 0.0)
-    assert config.cache_dir == "~/.cache/vllm_ascend/cpp" and config.cache_path.endswith("/.cache/vllm_ascend/cpp")
+    assert config.cache_dir == config.cache_path == os.path.expanduser("~/.cache/vllm_ascend/cpp")
+    assert parse_cpp_config({}).cache_dir == "~/.cache/vllm_ascend/cpp", "the default, as documented"
     assert not load(None).enabled and not load({}).need_timing
 
 
@@ -47,7 +50,7 @@ def test_the_refit_window_has_its_own_key_and_max_fit_chunk_keeps_upstreams():
     assert (load({"max_fit_chunk": 12}).max_fit_chunk, load({"max_fit_chunk": 12}).calibration_window) == (12, 30)
     config = load({"calibration_window": 64})
     assert (config.max_fit_chunk, config.calibration_window) == (30, 64)
-    with pytest.raises(CppConfigError, match=r"calibration_window=7: must be an integer >= 8 \(default 30\)"):
+    with pytest.raises(CppConfigError, match=r"calibration_window=7: must be an integer in \[8, 4096\] \(default 30\)"):
         load({"calibration_window": 7})
 
 
@@ -95,11 +98,11 @@ def test_not_an_object():
         ({"smooth_factor": 0}, r"profiling_chunk_config.smooth_factor=0: must be a number in \(0, 1\]"),
         ({"smooth_factor": 1.5}, r"profiling_chunk_config.smooth_factor=1.5: must be a number in \(0, 1\]"),
         ({"smooth_factor": "high"}, r"profiling_chunk_config.smooth_factor='high': must be a number"),
-        ({"min_chunk": 0}, r"profiling_chunk_config.min_chunk=0: must be an integer >= 1, or null"),
+        ({"min_chunk": 0}, r"profiling_chunk_config.min_chunk=0: must be an integer in \[1, 10000000\], or null"),
         ({"min_chunk": 12.5}, r"profiling_chunk_config.min_chunk=12.5: must be an integer"),
         ({"max_fit_chunk": 5}, r"profiling_chunk_config.max_fit_chunk=5: must be an integer in \[8, 4096\]"),
         ({"need_timing": 1}, r"profiling_chunk_config.need_timing=1: must be true or false"),
-        ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a string, or null"),
+        ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a folder path, or null"),
         ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be an integer in \[16, 1024\]"),
         ({"profile_repeats": 0}, r"profiling_chunk_config.profile_repeats=0: must be an integer in \[1, 16\]"),
         (
@@ -188,3 +191,108 @@ def test_ascend_config_runs_the_check(tmp_path):
         AscendConfig(vllm_config)
     vllm_config = helpers.make_vllm_config(tmp_path, additional_config={})
     assert not AscendConfig(vllm_config).profiling_chunk_config.enabled
+
+
+def _no_such_user() -> str:
+    import pwd
+
+    for n in range(100):
+        name = f"nosuchuser{n}"
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            return name
+    pytest.skip("every candidate user name exists on this host")
+
+
+@pytest.mark.parametrize(
+    ("value", "fix"),
+    [
+        ("/srv/cpp\0cache", "must not contain a NUL byte"),
+        ("   ", "is only white space"),
+        ("\t", "is only white space"),
+        (" ~/.cache/cpp", "must not start or end with white space"),
+        ("/srv/cpp-cache\n", "must not start or end with white space"),
+    ],
+)
+def test_a_cache_dir_that_cannot_name_a_folder_is_refused_at_parse_time_naming_the_key(value, fix):
+    """Refused before any profiling runs: a NUL byte used to fail only when the fitted profile was saved."""
+    with pytest.raises(CppConfigError) as error:
+        parse_cpp_config({"enabled": False, "cache_dir": value})
+    message = str(error.value)
+    assert message.startswith(f"profiling_chunk_config.cache_dir={value!r}: {fix}"), message
+    assert "(default " in message
+
+
+def test_a_cache_dir_under_a_user_that_does_not_exist_is_refused_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    user = _no_such_user()
+    with pytest.raises(CppConfigError) as error:
+        parse_cpp_config({"cache_dir": f"~{user}/cpp"})
+    message = str(error.value)
+    assert message.startswith(f"profiling_chunk_config.cache_dir='~{user}/cpp': ~{user} names no user on this host")
+    assert "write the folder as an absolute path" in message
+    assert list(tmp_path.iterdir()) == [], "nothing is created in the working directory"
+
+
+def test_tilde_without_a_home_is_refused_given_or_by_default_when_enabled(tmp_path, monkeypatch):
+    import pwd
+
+    def no_entry(uid):
+        raise KeyError(uid)
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CppConfigError, match=r"cache_dir='~/cpp': ~ cannot be expanded: HOME is not set"):
+        parse_cpp_config({"cache_dir": "~/cpp"})
+    with pytest.raises(CppConfigError) as error:
+        load({"enabled": True})
+    message = str(error.value)
+    assert message.startswith("profiling_chunk_config.cache_dir='~/.cache/vllm_ascend/cpp': (the default) ~ cannot")
+    assert message.endswith('; set HOME, or give an absolute path, or "" to keep no profile')
+    assert not load({"enabled": False}).enabled, "a disabled CPP never uses the folder"
+    assert load({"enabled": True, "cache_dir": "/srv/cpp"}).cache_path == "/srv/cpp"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_relative_cache_dir_is_taken_from_the_working_directory_at_start_up(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = load({"enabled": True, "cache_dir": "profiles/../cpp-profiles"})
+    assert config.cache_dir == config.cache_path == str(tmp_path / "cpp-profiles")
+    monkeypatch.chdir("/")
+    assert config.cache_path == str(tmp_path / "cpp-profiles"), "fixed at start-up, not at each use"
+    meaning = config_table.settings(cpp_config.CppConfig)["cache_dir"][1].meaning
+    assert "relative path is taken from the working directory" in meaning  # and so in docs/cpp.md's table
+
+
+def test_the_default_cache_dir_is_made_absolute_when_enabled(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert load({"enabled": True}).cache_dir == str(tmp_path / ".cache/vllm_ascend/cpp")
+
+
+def test_a_cache_dir_that_is_or_lies_under_a_file_is_refused(tmp_path):
+    blocker = tmp_path / "profile.json"
+    blocker.write_text("{}")
+    for value in (str(blocker), str(blocker / "cpp")):
+        with pytest.raises(CppConfigError, match=rf"cache_dir='{value}': {blocker} is not a folder"):
+            parse_cpp_config({"cache_dir": value})
+    assert blocker.read_text() == "{}"
+
+
+def test_a_refit_window_past_thousands_of_steps_is_refused_at_start_up_naming_the_key():
+    """Such a window used to pass validation and overflow deque(maxlen=...) after the whole start-up profile."""
+    for value in (1e19, 10**19, 4097):
+        with pytest.raises(CppConfigError, match=r"calibration_window=.*: must be an integer in \[8, 4096\]"):
+            load({"enabled": True, "calibration_window": value})
+    assert load({"calibration_window": 4096.0}).calibration_window == 4096
+
+
+def test_a_min_chunk_of_thousands_of_digits_is_refused_naming_the_key_without_a_logging_error(capsys):
+    """It used to reach the clamp warning, whose %d could not format it (a logging-error traceback)."""
+    with pytest.raises(CppConfigError) as error:
+        parse_cpp_config({"min_chunk": 10**5000}, max_num_batched_tokens=2048)
+    message = str(error.value)
+    assert message.startswith("profiling_chunk_config.min_chunk=<an integer of about 5000 digits>: must be an integer")
+    assert len(message) < 200
+    assert "Logging error" not in capsys.readouterr().err

@@ -79,7 +79,8 @@ def test_balance_threshold_out_of_range(value):
 @pytest.mark.parametrize("value", [0, -3, 12.5, False, "128"])
 def test_length_threshold_out_of_range(value):
     with pytest.raises(
-        ValueError, match=r"dual_stream_config\.length_threshold=.*: must be an integer >= 1 \(default 128\)"
+        ValueError,
+        match=r"dual_stream_config\.length_threshold=.*: must be an integer in \[1, 2147483647\] \(default 128\)",
     ):
         validate({"enabled": True, "length_threshold": value})
 
@@ -89,7 +90,7 @@ def test_an_integral_float_is_taken_as_an_integer_as_in_the_cpp_config():
     assert config.length_threshold == 128 and type(config.length_threshold) is int
 
 
-@pytest.mark.parametrize("value", [1e12, 4097, 10**9])
+@pytest.mark.parametrize("value", [1e6, 4097, 10**9])
 def test_a_length_threshold_no_batch_can_meet_is_refused(value):
     """Both halves need length_threshold tokens, a batch holds at most max_num_batched_tokens."""
     with pytest.raises(ValueError) as info:

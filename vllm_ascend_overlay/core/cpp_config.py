@@ -13,11 +13,13 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_ascend.config_table import parse_section, raise_problems, setting
+from vllm_ascend.config_table import folder_path, parse_section, problem, raise_problems, setting
 
 logger = logging.getLogger(__name__)
 
 CONFIG_KEY = "profiling_chunk_config"
+DEFAULT_CACHE_DIR = "~/.cache/vllm_ascend/cpp"
+MAX_TOKENS = 10_000_000  # past any model's context: a token count above it is a slip
 SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
 ASYNC_SCHEDULER_CLS = "vllm_ascend.core.scheduler_profiling_chunk.AsyncProfilingChunkScheduler"
 
@@ -42,6 +44,7 @@ class CppConfig:
         "above `max_num_batched_tokens` it is clamped with a warning, as upstream did",
         kind=int,
         low=1,
+        high=MAX_TOKENS,
         nullable=True,
     )
     max_fit_chunk: int = setting(
@@ -51,10 +54,14 @@ class CppConfig:
         low=8,
         high=4096,
     )
-    calibration_window: int = setting(30, "most recent timed steps kept for the online refit", low=8)
+    calibration_window: int = setting(30, "most recent timed steps kept for the online refit", low=8, high=4096)
     need_timing: bool = setting(False, "time sampled steps for online calibration", default_from="enabled")
     cache_dir: str = setting(
-        "~/.cache/vllm_ascend/cpp", 'where fitted profiles are kept; `""` or null keeps none', nullable=True
+        DEFAULT_CACHE_DIR,
+        "folder the fitted profiles are kept in; `~` is expanded and a relative path is taken from the working "
+        'directory at start-up (the log names the absolute path); `""` or null keeps none',
+        nullable=True,
+        folder=True,
     )
     profile_points: int = setting(
         24,
@@ -98,6 +105,12 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
     config = parse_section(CppConfig, raw, key=CONFIG_KEY, error=CppConfigError)
     if config.cache_dir is None:
         config = replace(config, cache_dir="")
+    if config.enabled and config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved by parse_section
+        folder, fault = folder_path(DEFAULT_CACHE_DIR)
+        if fault:
+            fix = f'(the default) {fault}, or "" to keep no profile'
+            raise CppConfigError(problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, fix))
+        config = replace(config, cache_dir=folder)
     if (
         config.min_chunk is not None
         and max_num_batched_tokens is not None

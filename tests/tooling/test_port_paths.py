@@ -1,0 +1,245 @@
+"""The paths the port writes: our files where upstream has its own, links, and the wrong kind of entry.
+
+A committed symlink at a path the port writes (or at one of its folders) would send our
+text to a file outside the checkout, where git shows nothing and its content is lost; a
+folder where a file goes (or the reverse) would stop the port half-way. Each is refused,
+naming the path, before anything is written. A file upstream added at the path of one
+of our new files is a conflict: the port keeps upstream's, says so and says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from git_repo import git
+from scripted_upstream import pristine_package, status, upstream_repo
+from vllm_ascend_patchset import cli
+from vllm_ascend_patchset.checkout_files import CheckoutPathError, path_problems, write_text
+from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1
+from vllm_ascend_patchset.port import PortError, port
+from vllm_ascend_patchset.series import OVERLAY_DIR, PACKAGE, load_overlay, load_patches
+
+OURS = "core/cpp_config.py"  # a new file of ours that our patches import
+FOLDER = "dual_stream"  # a folder only we have
+PRECIOUS = "# a file outside the checkout\n"
+
+
+@pytest.fixture(scope="module")
+def pristine() -> Path:
+    return pristine_package()
+
+
+def _repo(tmp_path: Path, pristine: Path, change: Callable[[Path], None] | None = None) -> Path:
+    """The pinned files the series and the contracts read; ``change`` (new entries staged) is committed."""
+    wanted = {f for p in load_patches() for f in p.files}
+    wanted |= {e.repo_path for e in load_overlay() if e.replaces}
+    wanted |= {f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"}
+
+    def committed(repo: Path) -> None:
+        assert change is not None
+        change(repo)
+        git(repo, "add", "-A")
+
+    return upstream_repo(tmp_path / "upstream", pristine, wanted, committed if change else None)
+
+
+def _port(repo: Path, pristine: Path, **kwargs):
+    return port(
+        repo, patches=load_patches(), overlay=load_overlay(), pristine_pkg=pristine, pin_name="v0.23.0", **kwargs
+    )
+
+
+def _outside(tmp_path: Path) -> Path:
+    victim = tmp_path / "elsewhere" / "victim.py"
+    victim.parent.mkdir()
+    victim.write_text(PRECIOUS)
+    return victim
+
+
+def _to_resolve(text: str) -> str:
+    return text.split("\nTo resolve")[1].split("\n\n")[0]
+
+
+# Upstream added a file at the path of one of our new files.
+
+
+def test_a_file_upstream_added_at_the_path_of_ours_is_a_conflict_that_fails_the_port(tmp_path, pristine, capsys):
+    upstream_text = "UPSTREAMS_OWN_MODULE = True\n"
+    repo = _repo(tmp_path, pristine, lambda r: (r / PACKAGE / OURS).write_text(upstream_text))
+
+    code = cli.main(["port", str(repo), "--report", str(tmp_path / "report.txt")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert (repo / PACKAGE / OURS).read_text() == upstream_text, "upstream's file is kept"
+    assert f"{PACKAGE}/{OURS}" not in status(repo), "ours was not written over it"
+    todo = _to_resolve(out)
+    # what it did and what it advises agree, in plain words
+    assert f"{PACKAGE}/{OURS}: upstream added its own file here; the port kept it and did not write ours" in todo
+    assert "import it now get upstream's module" in todo
+    assert f"rename ours (vllm_ascend_overlay/{OURS}, its line in patches/overlay.manifest" in todo
+    assert "to a path upstream does not use, then port again" in todo
+    assert "once the pin has the file, declare ours 'replaces' in patches/overlay.manifest" in todo
+    assert "absorb" not in todo
+
+
+def test_upstream_holding_our_file_as_it_is_is_no_conflict(tmp_path, pristine):
+    """Our file merged upstream unchanged (a contribution landed): nothing to decide."""
+    repo = _repo(tmp_path, pristine, lambda r: (r / PACKAGE / OURS).write_bytes((OVERLAY_DIR / OURS).read_bytes()))
+    report = _port(repo, pristine)
+    mine = next(o for o in report.overlay if o.relpath == OURS)
+    assert "already there" in mine.status and report.ok, report.render()
+    assert f"{PACKAGE}/{OURS}" not in report.written and f"{PACKAGE}/{OURS}" not in status(repo)
+
+
+def test_exit_status_1_exactly_when_the_report_lists_something_to_resolve(tmp_path, pristine):
+    """A replaced file upstream changed is reviewed (its diff is in the report), not resolved: exit 0."""
+    replaced = next(e for e in load_overlay() if e.replaces)
+
+    def change(repo: Path) -> None:
+        path = repo / replaced.repo_path
+        path.write_text(path.read_text() + "# upstream changed this file\n")
+
+    report = _port(_repo(tmp_path, pristine, change), pristine, dry_run=True)
+    text = report.render()
+    assert report.ok and _to_resolve(text) == "\n  nothing", text
+    review = text.split("\nTo review")[1]
+    assert f"absorb upstream's change since the pin into vllm_ascend_overlay/{replaced.relpath}" in review
+
+
+# Links, folders and files where the port writes.
+
+
+def test_a_committed_symlink_at_a_patched_file_is_refused_and_its_target_keeps_its_text(tmp_path, pristine, capsys):
+    victim = _outside(tmp_path)
+    path = load_patches()[0].files[0]
+
+    def link(repo: Path) -> None:
+        (repo / path).unlink()
+        os.symlink(victim, repo / path)
+
+    repo = _repo(tmp_path, pristine, link)
+    for dry_run in (False, True):
+        with pytest.raises(PortError) as error:
+            _port(repo, pristine, dry_run=dry_run)
+        assert f"{path} is a symbolic link (to {victim})" in str(error.value)
+        assert "never writes through a link" in str(error.value) and "nothing was written" in str(error.value)
+    assert victim.read_text() == PRECIOUS
+    assert status(repo) == set(), "nothing written in the checkout either"
+
+    assert cli.main(["port", str(repo), "--report", str(tmp_path / "r.txt")]) == 2
+    assert f"{path} is a symbolic link" in capsys.readouterr().err
+
+
+def test_a_dangling_symlink_at_the_path_of_a_new_file_of_ours_is_refused(tmp_path, pristine):
+    missing = tmp_path / "elsewhere" / "not-yet.py"
+    repo = _repo(tmp_path, pristine, lambda r: os.symlink(missing, r / PACKAGE / OURS))
+    with pytest.raises(PortError, match=f"{PACKAGE}/{OURS} is a symbolic link"):
+        _port(repo, pristine)
+    assert not missing.exists() and not missing.parent.exists()
+
+
+def test_a_symlinked_folder_the_port_writes_into_is_refused(tmp_path, pristine):
+    elsewhere = _outside(tmp_path).parent
+    folder = FOLDER
+    assert [e for e in load_overlay() if e.relpath.startswith(f"{folder}/")], f"the overlay has {folder}/"
+    repo = _repo(tmp_path, pristine, lambda r: os.symlink(elsewhere, r / PACKAGE / folder))
+    with pytest.raises(PortError, match=f"{PACKAGE}/{folder} is a symbolic link .*a folder of {PACKAGE}/{folder}/"):
+        _port(repo, pristine)
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.py"]
+
+
+def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_are_refused_together(tmp_path, pristine):
+    """Both listed at once, before anything is written: the port used to stop half-way with a traceback."""
+    folder = FOLDER
+
+    def change(repo: Path) -> None:
+        (repo / PACKAGE / OURS).mkdir()
+        (repo / PACKAGE / OURS / "keep.txt").write_text("upstream's\n")
+        (repo / PACKAGE / folder).write_text("a file named like our folder\n")
+
+    repo = _repo(tmp_path, pristine, change)
+    with pytest.raises(PortError) as error:
+        _port(repo, pristine)
+    message = str(error.value)
+    assert f"{PACKAGE}/{OURS} is a folder where the port writes a file" in message
+    assert f"{PACKAGE}/{folder} is a file where the port needs a folder" in message
+    assert status(repo) == set()
+
+
+def test_paths_that_leave_the_checkout_are_refused(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    problems = path_problems(tmp_path, ["pkg/../../x.py", "/etc/x.py", "pkg/ok.py", ""])
+    assert len(problems) == 3 and all("is not a path inside the checkout" in p for p in problems), problems
+
+
+def test_a_patch_naming_a_file_outside_the_checkout_is_refused_before_anything_is_read(tmp_path, pristine):
+    victim = _outside(tmp_path)
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "series").write_text("0001-out.patch\n")
+    escape = os.path.relpath(victim, tmp_path / "upstream")
+    (patches / "0001-out.patch").write_text(
+        "Description: reaches out\nFeature: build\nForwarded: no\n\n"
+        f"--- a/{escape}\n+++ b/{escape}\n@@ -1 +1 @@\n-{PRECIOUS}+# ours\n"
+    )
+    repo = _repo(tmp_path, pristine)
+    for dry_run in (False, True):  # a dry run would read it
+        with pytest.raises(PortError, match=re.escape(f"'{escape}' is not a path inside the checkout")):
+            port(
+                repo,
+                patches=load_patches(patches),
+                overlay=[],
+                pristine_pkg=pristine,
+                pin_name="v0.23.0",
+                dry_run=dry_run,
+            )
+    assert victim.read_text() == PRECIOUS
+
+
+def test_the_port_keeps_a_written_files_mode_and_leaves_its_other_hard_links_alone(tmp_path, pristine):
+    path = load_patches()[0].files[0]
+    repo = _repo(tmp_path, pristine)
+    (repo / path).chmod(0o755)
+    git(repo, "commit", "-qam", "executable")
+    linked = tmp_path / "hard-link.py"
+    os.link(repo / path, linked)
+    before = linked.read_text()
+    report = _port(repo, pristine)
+    assert path in report.written and (repo / path).read_text() != before
+    assert stat.S_IMODE((repo / path).stat().st_mode) == 0o755 and linked.read_text() == before
+    assert not [p for p in (repo / path).parent.iterdir() if p.name.startswith(".")], "no temporary file left"
+
+
+def test_write_text_refuses_a_symlink_that_appeared_after_the_check(tmp_path):
+    victim = _outside(tmp_path)
+    (tmp_path / "co").mkdir()
+    os.symlink(victim, tmp_path / "co" / "f.py")
+    with pytest.raises(CheckoutPathError, match="f.py is a symbolic link"):
+        write_text(tmp_path / "co", "f.py", "ours\n")
+    assert victim.read_text() == PRECIOUS
+
+
+def test_a_checkout_that_is_a_file_or_missing_is_refused_plainly(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("not a checkout\n")
+    for where in (afile, tmp_path / "missing"):
+        assert cli.main(["port", str(where), "--dry-run", "--report", str(tmp_path / "r.txt")]) == 2
+        assert f"{where} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at" in capsys.readouterr().err
+    assert afile.read_text() == "not a checkout\n"
+
+
+def test_a_git_ignored_file_at_the_path_of_ours_is_refused_and_kept(tmp_path, pristine):
+    """git status hides ignored files: one at our path was taken for upstream's own module."""
+    repo = _repo(tmp_path, pristine, lambda r: (r / ".gitignore").write_text("cpp_config.py\n"))
+    (repo / PACKAGE / OURS).write_text("# a local, ignored file\n")
+    with pytest.raises(PortError) as error:
+        _port(repo, pristine)
+    message = str(error.value)
+    assert f"uncommitted changes in files the port writes:\n!! {PACKAGE}/{OURS}\n" in message
+    assert "move an ignored (!!) file away" in message
+    assert (repo / PACKAGE / OURS).read_text() == "# a local, ignored file\n"

@@ -112,3 +112,23 @@ def test_a_bad_trace_line_fails_before_any_worker_naming_file_and_line(tmp_path,
     trace.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n{oops\n')
     assert main(["--surface", "synthetic", "--workload", f"trace:{trace}@0:2"]) == 2
     assert f"{trace}:2: not JSON" in capsys.readouterr().err
+
+
+def test_every_mixed_and_trace_item_runs_at_each_load_in_one_invocation():
+    from vllm_ascend_patchset.twin.command import build_parser
+    from vllm_ascend_patchset.twin.options import build_workloads
+
+    trace = pol.ROOT / "tests" / "data" / "traces" / "mooncake.jsonl"
+    args = build_parser().parse_args(
+        ["--workload", f"long:4k,trace:{trace}@10:6,mixed", "--load", "0.4,0.8", "--requests", "5"]
+    )
+    workloads = build_workloads(args, "synthetic", 4)
+    names = ["long-4k", "mooncake-s10-n6-load0.4", "mooncake-s10-n6-load0.8", "mixed-s0-load0.4", "mixed-s0-load0.8"]
+    assert [w.name for w in workloads] == names
+    light, heavy = workloads[1], workloads[2]
+    assert [r.req_id for r in light.requests] == [f"t{i:05d}" for i in range(10, 16)]
+    # Twice the load, half the gaps; the same requests.
+    assert [2 * r.arrival_ms for r in heavy.requests] == pytest.approx([r.arrival_ms for r in light.requests], abs=1e-2)
+    assert [r.prompt_tokens for r in heavy.requests] == [r.prompt_tokens for r in light.requests]
+    single = build_parser().parse_args(["--workload", "mixed", "--load", "0.4", "--requests", "5"])
+    assert [w.name for w in build_workloads(single, "synthetic", 4)] == ["mixed-s0"]

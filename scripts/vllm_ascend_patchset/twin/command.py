@@ -32,7 +32,7 @@ from .options import (
     tokens_option,
     validate_workload_args,
 )
-from .report import Figures, figures_from_result, format_table, run_problems
+from .report import Figures, all_figures, figures_from_result, format_table, run_problems
 from .surface import load_surface
 
 CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
@@ -190,19 +190,25 @@ def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], lis
 
 
 def summarize_case(
-    results: Sequence[dict[str, Any]], num_stages: int, chunk_tokens: int, wanted: set[str]
+    results: Sequence[dict[str, Any]],
+    num_stages: int,
+    chunk_tokens: int,
+    wanted: set[str],
+    computed: Sequence[Figures | None] | None = None,
 ) -> tuple[list[Figures], Figures | None, Figures | None, list[str]]:
-    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes."""
+    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes.
+
+    ``computed``: each result's figures, if already computed (``all_figures``)."""
     notes, fixed_rows = [], []
     rows: list[Figures] = []
     upstream = ours = None
-    for result in results:
+    for index, result in enumerate(results):
         if "error" in result:
             notes.append(f"{result['policy']['name']}: FAILED {result['error']}")
             continue
         if result.get("start_up"):
             notes.append(f"{result['policy']['name']}: {result['start_up']}")
-        figures = figures_from_result(result, num_stages)
+        figures = computed[index] if computed else figures_from_result(result, num_stages)
         kind = result["policy"]["kind"]
         if kind == "fixed":
             fixed_rows.append((result["policy"]["max_num_batched_tokens"], figures))
@@ -267,11 +273,11 @@ def _run(args: argparse.Namespace) -> int:
     dump = []
     problems = []
     for (setup, _), results in zip(cases, all_results, strict=True):
-        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted)
+        computed = all_figures(results, setup.num_stages)
+        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted, computed)
         best = case_optimum(surface, setup)
-        problems += [
-            f"{setup.workload.name} P={setup.num_stages}: {p}" for p in run_problems(results, setup.num_stages)
-        ]
+        case_problems = run_problems(results, setup.num_stages, computed)
+        problems += [f"{setup.workload.name} P={setup.num_stages}: {p}" for p in case_problems]
         title = f"\n== {setup.workload.name}, P={setup.num_stages}, {len(setup.workload.requests)} request(s) =="
         show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
         slo = slo_for(args, surface, setup.num_stages) if show_tpot else None

@@ -253,15 +253,22 @@ def format_table(
     return "\n".join(out)
 
 
-def run_problems(results: Sequence[dict[str, Any]], num_stages: int) -> list[str]:
+def all_figures(results: Sequence[dict[str, Any]], num_stages: int) -> list[Figures | None]:
+    """Each result's figures (None for a policy that failed), computed once for every use."""
+    return [None if "error" in result else figures_from_result(result, num_stages) for result in results]
+
+
+def run_problems(
+    results: Sequence[dict[str, Any]], num_stages: int, computed: Sequence[Figures | None] | None = None
+) -> list[str]:
     """Why a case's figures cannot be trusted: a policy failed, ran incomplete or gave an invalid figure."""
     problems = []
-    for result in results:
+    for index, result in enumerate(results):
         name = result["policy"]["name"]
         if "error" in result:
             problems.append(f"{name}: failed")
             continue
-        figures = figures_from_result(result, num_stages)
+        figures = computed[index] if computed else figures_from_result(result, num_stages)
         problems += [f"{name}: incomplete: {p}" for p in figures.problems]
         problems += [f"{name}: {p}" for p in invalid_figures(figures)]
     return problems

@@ -154,7 +154,7 @@ def test_equal_block_ids_give_equal_tokens_and_the_last_block_may_be_cut():
     partial = RequestSpec("b", 0.0, 2 * TRACE_BLOCK_TOKENS + 100, 1, prefix_group=1, block_ids=(7, 8, 9))
     other = RequestSpec("c", 0.0, 2 * TRACE_BLOCK_TOKENS, 1, prefix_group=2, block_ids=(7, 5))
     a, b, c = (prompt_token_ids(spec, seed) for spec, seed in ((full, 0), (partial, 1), (other, 2)))
-    assert len(b) == 2 * TRACE_BLOCK_TOKENS + 100 and b == a[: len(b)]  # the seed plays no part
+    assert len(b) == 2 * TRACE_BLOCK_TOKENS + 100 and b == a[: len(b)]  # a block ignores the workload seed
     assert c[:TRACE_BLOCK_TOKENS] == a[:TRACE_BLOCK_TOKENS]
     assert c[TRACE_BLOCK_TOKENS:] != a[TRACE_BLOCK_TOKENS : 2 * TRACE_BLOCK_TOKENS]
     assert all(1 <= t < 1000 for t in a)

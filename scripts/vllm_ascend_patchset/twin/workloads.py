@@ -85,7 +85,7 @@ def prompt_token_ids(spec: RequestSpec, seed: int) -> list[int]:
 
 @functools.lru_cache(maxsize=8192)
 def _block_tokens(block_id: int) -> np.ndarray:
-    """The tokens of one trace block: a function of its id alone (not of the seed or the request)."""
+    """The tokens of one trace block: a function of its id alone, not of the workload seed or the request."""
     return np.random.default_rng([_BLOCK_STREAM, block_id]).integers(1, VOCAB_TOKENS, TRACE_BLOCK_TOKENS)
 
 

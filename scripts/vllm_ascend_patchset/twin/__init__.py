@@ -8,6 +8,8 @@ batch from a latency surface (a fitted model, a measured CSV, or the profile an 
 saved). ``python -m vllm_ascend_patchset.twin --help`` for the command line.
 
 Modules: ``pipeline`` (the discrete-event core, independent of vLLM), ``surface``,
-``workloads``, ``engine`` (vLLM side, runs inside a policy's subprocess), ``policies``
-(which scheduler, which tree, subprocess runner), ``report``, ``plot``, ``tune``.
+``workloads``, ``traces`` (public traces as workloads), ``options`` (workload and goodput
+options), ``engine`` (vLLM side, runs inside a policy's subprocess), ``policies``
+(which scheduler, which tree, subprocess runner), ``report``, ``slo`` (goodput),
+``summary`` (one table over many cases), ``plot``, ``tune``.
 """

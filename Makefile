@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 E2E_VENV ?= .cache/e2e/venv
 BENCH_E2E_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench e2e-env e2e bench-e2e clean
+.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench bench-traces e2e-env e2e bench-e2e clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -51,7 +51,26 @@ bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP, ours a
 	  PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface $$surface \
 	    --workload mixed --stages 4 || exit 1; \
 	done
+	$(MAKE) --no-print-directory bench-traces
 	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/predictor.py
+
+# Replayed Mooncake traffic (docs/cpp-twin.md): three slices x three loads x P = 2, 4, one invocation per
+# surface, both surfaces side by side (their logs are printed when both are done), then one summary table.
+TRACE = tests/data/traces/mooncake.jsonl
+TRACE_ARGS = --workload trace:$(TRACE)@0:32,trace:$(TRACE)@32:32,trace:$(TRACE)@64:32 \
+  --load 0.5,0.8,0.95 --stages 2,4 --sweep 256,4096
+BENCH_OUT = build/bench
+
+bench-traces: venv assemble  ## CPP twin on replayed Mooncake traffic: TTFT, TPOT and goodput per policy
+	mkdir -p $(BENCH_OUT)
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface tests/data/cpu_surface.csv \
+	  $(TRACE_ARGS) --json $(BENCH_OUT)/traces-cpu.json > $(BENCH_OUT)/traces-cpu.txt 2>&1 & cpu=$$!; \
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset cpp-twin --surface synthetic \
+	  $(TRACE_ARGS) --json $(BENCH_OUT)/traces-synthetic.json > $(BENCH_OUT)/traces-synthetic.txt 2>&1 & syn=$$!; \
+	wait $$cpu; a=$$?; wait $$syn; b=$$?; cat $(BENCH_OUT)/traces-cpu.txt $(BENCH_OUT)/traces-synthetic.txt; \
+	test $$a = 0 && test $$b = 0
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset.twin.summary \
+	  $(BENCH_OUT)/traces-cpu.json $(BENCH_OUT)/traces-synthetic.json
 
 e2e-env:          ## vLLM 0.23.0's CPU engine in $(E2E_VENV), apart from .venv (docs/e2e.md)
 	E2E_VENV=$(abspath $(E2E_VENV)) PYTHON=$(PYTHON) bash scripts/setup_e2e_env.sh

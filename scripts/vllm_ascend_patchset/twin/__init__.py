@@ -7,7 +7,10 @@ exactly as ``EngineCore.step_with_batch_queue`` does, and takes each stage's tim
 batch from a latency surface (a fitted model, a measured CSV, or the profile an engine
 saved). ``python -m vllm_ascend_patchset.twin --help`` for the command line.
 
-Modules: ``pipeline`` (the discrete-event core, independent of vLLM), ``surface``, ``surface_files``, ``stress``,
-``workloads``, ``engine`` (vLLM side, runs inside a policy's subprocess), ``policies``
-(which scheduler, which tree, subprocess runner), ``report``, ``plot``, ``tune``.
+Modules: ``pipeline`` (the discrete-event core, independent of vLLM), ``surface``,
+``surface_files`` (reading ``--surface``), ``stress`` (shapes a quadratic cannot follow),
+``workloads``, ``traces`` (public traces as workloads), ``options`` (workload and goodput
+options), ``engine`` (vLLM side, runs inside a policy's subprocess), ``policies``
+(which scheduler, which tree, subprocess runner), ``optimum``, ``report``, ``slo``
+(goodput), ``summary`` (one table over many cases), ``plot``, ``tune``.
 """

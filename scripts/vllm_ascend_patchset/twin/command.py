@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -22,34 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from . import policies as pol
-from .engine import MAX_NUM_SEQS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
+from .engine import MAX_NUM_SEQS, TINY_MODEL_MAX_POSITIONS
 from .optimum import Optimum, optimum
-from .report import Figures, figures_from_result, format_table
+from .options import (
+    add_workload_arguments,
+    build_workloads,
+    check_number,
+    parse_tokens,
+    slo_for,
+    tokens_option,
+    validate_workload_args,
+)
+from .report import Figures, all_figures, figures_from_result, format_table, run_problems
 from .surface_files import load_surface
-from .workloads import Workload, long_prompt, mixed
 
 CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
-
-
-def parse_tokens(text: str, what: str = "token count") -> int:
-    """``4096``, ``128k`` (x1024) -> tokens: a whole number > 0."""
-    clean = text.strip().lower()
-    factor = 1024 if clean.endswith("k") else 1
-    try:
-        number = float(clean[:-1] if factor > 1 else clean) * factor
-    except ValueError:
-        number = math.nan
-    if not (math.isfinite(number) and number > 0 and number.is_integer()):
-        raise ValueError(f"{what} {text!r}: give a whole number > 0, optionally with k (e.g. 4096 or 128k)")
-    return int(number)
-
-
-def _tokens_option(text: str) -> int:
-    """argparse type of a token-count option: argparse names the option in the error."""
-    try:
-        return parse_tokens(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parse_counts(text: str, option: str) -> list[int]:
@@ -92,13 +78,6 @@ def parse_smooth_factors(text: str, option: str) -> list[float]:
     return factors
 
 
-def _check_number(value: float, option: str, low: float, high: float = math.inf, *, low_open: bool = False) -> None:
-    inside = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
-    if not inside:
-        interval = f"{'(' if low_open else '['}{low:g}, {'inf)' if high == math.inf else f'{high:g}]'}"
-        raise ValueError(f"{option} must be a finite number in {interval}, got {value}")
-
-
 def _check_writable(path: Path, option: str, *, folder: bool) -> None:
     """Fail now, not after the run, when an output cannot be written; leave no file behind."""
     try:
@@ -119,14 +98,11 @@ def _check_writable(path: Path, option: str, *, folder: bool) -> None:
 def validate_args(args: argparse.Namespace) -> None:
     """Every option checked before a worker starts; an error names the option and what to give."""
     check_chunk(args.chunk, "--chunk")
-    _check_number(args.noise, "--noise", 0.0)
-    _check_number(args.drift, "--drift", 0.0, 0.99)
-    _check_number(args.load, "--load", 0.0, low_open=True)
-    _check_number(args.prefix_hit_share, "--prefix-hit-share", 0.0, 1.0)
+    check_number(args.noise, "--noise", 0.0)
+    check_number(args.drift, "--drift", 0.0, 0.99)
+    validate_workload_args(args)
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    if args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
     parse_chunks(args.sweep, "--sweep")
     if args.tune_base_chunks is not None:
         parse_chunks(args.tune_base_chunks, "--tune-base-chunks")
@@ -154,12 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         "'synthetic', or quadratic:C0,C1,C2,C3,C4 (default: tests/data/cpu_surface.csv if present, else synthetic)",
     )
     p.add_argument("--stages", default="4", help="pipeline stages P, comma-separated (e.g. 2,4,8)")
-    p.add_argument(
-        "--workload",
-        default="long:128k",
-        help="comma-separated: long:<tokens> (one prompt, e.g. long:128k) or mixed (Poisson traffic)",
-    )
-    p.add_argument("--chunk", type=_tokens_option, default=8192, help="max_num_batched_tokens / CPP base chunk")
+    add_workload_arguments(p)
+    p.add_argument("--chunk", type=tokens_option, default=8192, help="max_num_batched_tokens / CPP base chunk")
     p.add_argument(
         "--sweep",
         default=",".join(str(c) for c in pol.FIXED_SWEEP_TOKENS),
@@ -167,13 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policies", default="fixed,tuned,upstream,ours", help="subset of fixed,tuned,upstream,ours")
     p.add_argument("--smooth-factor", type=float, default=None, help="CPP smooth_factor (default: each scheduler's)")
-    p.add_argument("--min-chunk", type=_tokens_option, default=None, help="CPP min_chunk (default: each scheduler's)")
+    p.add_argument("--min-chunk", type=tokens_option, default=None, help="CPP min_chunk (default: each scheduler's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload and of stage-time noise")
-    p.add_argument("--requests", type=int, default=24, help="mixed: number of requests")
-    p.add_argument("--load", type=float, default=0.6, help="mixed: offered prefill load (fraction of capacity)")
-    p.add_argument("--prompt-range", default="4k-64k", help="mixed: prompt lengths, log-uniform (e.g. 4k-64k)")
-    p.add_argument("--prefix-hit-share", type=float, default=0.25, help="mixed: share of prefix-cache hits")
-    p.add_argument("--output-range", default="16-128", help="mixed: output tokens per request")
     p.add_argument("--noise", type=float, default=0.0, help="sigma of log-normal multiplicative stage-time noise")
     p.add_argument("--drift", type=float, default=0.0, help="amplitude of a slow drift of stage times (e.g. 0.05)")
     p.add_argument("--layers", default=None, help="layers per stage, comma-separated (uneven split), e.g. 15,16,16,17")
@@ -189,51 +156,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-smooth-factors", default=None, help="--tune: smooth factors to try (default 0.5,0.75,1)")
     p.add_argument("--log-dir", type=Path, default=None, help="keep the policy subprocesses' logs here")
     return p
-
-
-def _range(text: str, what: str) -> tuple[int, int]:
-    try:
-        low, high = (parse_tokens(v) for v in text.split("-"))
-    except ValueError:
-        raise ValueError(f"--{what} expects LOW-HIGH, whole numbers > 0 (e.g. 4k-64k), got {text!r}") from None
-    if low > high:
-        raise ValueError(f"--{what} {text!r}: LOW must not exceed HIGH")
-    return low, high
-
-
-def build_workloads(args: argparse.Namespace, surface_spec: str, num_stages: int) -> list[Workload]:
-    out = []
-    for item in args.workload.split(","):
-        item = item.strip()
-        if item.startswith("long:"):
-            workload = long_prompt(parse_tokens(item.split(":", 1)[1], f"--workload {item!r}: token count"))
-        elif item == "mixed":
-            low, high = _range(args.prompt_range, "prompt-range")
-            out_low, out_high = _range(args.output_range, "output-range")
-            workload = mixed(
-                load_surface(surface_spec),
-                num_stages,
-                seed=args.seed,
-                num_requests=args.requests,
-                load=args.load,
-                min_prompt_tokens=low,
-                max_prompt_tokens=high,
-                prefix_hit_share=args.prefix_hit_share,
-                min_output_tokens=out_low,
-                max_output_tokens=out_high,
-                reference_chunk_tokens=args.chunk,
-            )
-        else:
-            raise ValueError(f"--workload item {item!r}: use long:<tokens> (e.g. long:128k) or mixed")
-        longest = TINY_MODEL_MAX_POSITIONS - MODEL_LEN_SLACK_TOKENS
-        if workload.max_request_tokens > longest:
-            source = "--prompt-range/--output-range" if item == "mixed" else f"--workload {item}"
-            raise ValueError(
-                f"{source}: a request of {workload.max_request_tokens} tokens (prompt + output) is longer than"
-                f" the twin's model takes ({longest})"
-            )
-        out.append(workload)
-    return out
 
 
 def cpp_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -271,19 +193,25 @@ def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], lis
 
 
 def summarize_case(
-    results: Sequence[dict[str, Any]], num_stages: int, chunk_tokens: int, wanted: set[str]
+    results: Sequence[dict[str, Any]],
+    num_stages: int,
+    chunk_tokens: int,
+    wanted: set[str],
+    computed: Sequence[Figures | None] | None = None,
 ) -> tuple[list[Figures], Figures | None, Figures | None, list[str]]:
-    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes."""
+    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes.
+
+    ``computed``: each result's figures, if already computed (``all_figures``)."""
     notes, fixed_rows = [], []
     rows: list[Figures] = []
     upstream = ours = None
-    for result in results:
+    for index, result in enumerate(results):
         if "error" in result:
             notes.append(f"{result['policy']['name']}: FAILED {result['error']}")
             continue
         if result.get("start_up"):
             notes.append(f"{result['policy']['name']}: {result['start_up']}")
-        figures = figures_from_result(result, num_stages)
+        figures = computed[index] if computed else figures_from_result(result, num_stages)
         kind = result["policy"]["kind"]
         if kind == "fixed":
             fixed_rows.append((result["policy"]["max_num_batched_tokens"], figures))
@@ -311,41 +239,6 @@ def case_optimum(surface, setup: pol.Setup, max_chunk_tokens: int) -> Optimum | 
     if setup.layers:
         shares = [n / sum(setup.layers) for n in setup.layers]
     return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares, max_chunk_tokens=max_chunk_tokens)
-
-
-def run_problems(results: Sequence[dict[str, Any]], num_stages: int) -> list[str]:
-    """Why a case's figures cannot be trusted: a policy failed, ran incomplete or gave an invalid figure."""
-    problems = []
-    for result in results:
-        name = result["policy"]["name"]
-        if "error" in result:
-            problems.append(f"{name}: failed")
-            continue
-        figures = figures_from_result(result, num_stages)
-        problems += [f"{name}: incomplete: {p}" for p in figures.problems]
-        problems += [f"{name}: {p}" for p in invalid_figures(figures)]
-    return problems
-
-
-def invalid_figures(figures: Figures) -> list[str]:
-    """Figures no real run gives: times and rates must be finite and > 0, shares within [0, 1]."""
-    positive = {
-        "TTFT mean": figures.ttft_mean_ms,
-        "TTFT P50": figures.ttft_p50_ms,
-        "TTFT P99": figures.ttft_p99_ms,
-        "prefill tok/s": figures.prefill_tokens_per_s,
-        "work time": figures.work_ms,
-    }
-    bad = [f"{label} is {value}" for label, value in positive.items() if not (math.isfinite(value) and value > 0)]
-    shares = figures.bubble_per_stage + figures.steady_bubble_per_stage
-    if not all(0 <= b <= 1 for b in shares):
-        bad.append(f"a bubble share is outside [0, 1]: {shares}")
-    if not (math.isfinite(figures.stage_time_cv) and figures.stage_time_cv >= 0):
-        bad.append(f"stage-time CV is {figures.stage_time_cv}")
-    for label, value in (("TPOT mean", figures.tpot_mean_ms), ("TPOT P99", figures.tpot_p99_ms)):
-        if value is not None and not (math.isfinite(value) and value >= 0):
-            bad.append(f"{label} is {value}")
-    return bad
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -385,28 +278,39 @@ def _run(args: argparse.Namespace) -> int:
     dump = []
     problems = []
     for (setup, _), results in zip(cases, all_results, strict=True):
-        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted)
+        computed = all_figures(results, setup.num_stages)
+        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted, computed)
         best = case_optimum(surface, setup, args.chunk)
-        problems += [
-            f"{setup.workload.name} P={setup.num_stages}: {p}" for p in run_problems(results, setup.num_stages)
-        ]
+        case_problems = run_problems(results, setup.num_stages, computed)
+        problems += [f"{setup.workload.name} P={setup.num_stages}: {p}" for p in case_problems]
         title = f"\n== {setup.workload.name}, P={setup.num_stages}, {len(setup.workload.requests)} request(s) =="
         show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
-        print(format_table(title, rows, tuned, upstream, show_tpot, best.lower_ms if best else None))
+        slo = slo_for(args, surface, setup.num_stages) if show_tpot else None
+        print(format_table(title, rows, tuned, upstream, show_tpot, best.lower_ms if best else None, slo))
+        if slo is not None:
+            print(f"  goodput SLO: TTFT <= {slo.ttft_ms / 1000:.3f} s, TPOT <= {slo.tpot_ms:.1f} ms ({slo.basis})")
         if best is not None:
             print(
                 f"  optimum: {best.lower_ms / 1000:.3f} s ({len(best.chunks)} chunks, first {best.chunks[0]} tokens"
                 f"{', certified' if best.certified else ', best found'}); under the P-in-flight rule"
                 f" {best.in_flight_ms / 1000:.3f} s ({best.in_flight_ms / best.lower_ms:.3f}x)"
             )
-        for note in notes + case_notes:
+        for note in [*setup.workload.notes, *notes, *case_notes]:
             print(f"  note: {note}")
         dump.append(
             {
+                "surface": surface_spec,
                 "workload": setup.workload.name,
                 "stages": setup.num_stages,
-                "rows": [{**asdict(r), "vs_optimum": r.ttft_mean_ms / best.lower_ms if best else None} for r in rows],
+                "requests": len(setup.workload.requests),
+                "rows": [
+                    {**asdict(r), "vs_optimum": r.ttft_mean_ms / best.lower_ms if best else None}
+                    | ({"goodput": r.goodput(slo)} if slo else {})
+                    for r in rows
+                ],
                 "optimum": best.to_json() if best else None,
+                "slo": slo.to_json() if slo else None,
+                "notes": list(setup.workload.notes),
             }
         )
         if args.plot:

@@ -15,6 +15,8 @@ Definitions (simulated clock, milliseconds):
 - TPOT: per request with >= 2 output tokens, (last token - first token)/(tokens - 1);
   mean and P99 over requests. ITL P99: the 99th percentile of the gaps between
   consecutive output tokens, over all requests.
+- goodput: the share of requests within a TTFT and a TPOT bound (twin/slo.py); the
+  figures keep each request's TTFT and TPOT for it.
 - vs optimum (one-prompt workloads): mean TTFT over the least TTFT any chunking of the
   prompt can reach under the twin's cost model (twin/optimum.py).
 """
@@ -29,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .pipeline import BatchRecord, RequestLog
+from .slo import Slo, goodput
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,8 @@ class Figures:
     itl_p99_ms: float | None
     work_ms: float
     problems: tuple[str, ...] = ()
+    request_ttft_ms: tuple[float | None, ...] = ()  # per request, in the order of the run's logs (None: no token)
+    request_tpot_ms: tuple[float | None, ...] = ()  # per request (None: fewer than 2 output tokens)
 
     @property
     def bubble(self) -> float:
@@ -56,6 +61,10 @@ class Figures:
     @property
     def steady_bubble(self) -> float:
         return float(np.mean(self.steady_bubble_per_stage)) if self.steady_bubble_per_stage else 0.0
+
+    def goodput(self, slo: Slo) -> float:
+        """Share of the requests that met both bounds of ``slo`` (twin/slo.py)."""
+        return goodput(self.request_ttft_ms, self.request_tpot_ms, slo)
 
 
 def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -74,8 +83,19 @@ def _length(intervals: Sequence[tuple[float, float]]) -> float:
     return sum(e - s for s, e in intervals)
 
 
-def _clip(intervals: Sequence[tuple[float, float]], low: float, high: float) -> list[tuple[float, float]]:
-    return [(max(s, low), min(e, high)) for s, e in intervals if min(e, high) > max(s, low)]
+def overlap_ms(first: Sequence[tuple[float, float]], second: Sequence[tuple[float, float]]) -> float:
+    """Length of the intersection of two unions of intervals, each given sorted and disjoint (``_union``).
+
+    One pass over both lists, so a run of many batches costs linear time."""
+    total, i, j = 0.0, 0, 0
+    while i < len(first) and j < len(second):
+        (a0, a1), (b0, b1) = first[i], second[j]
+        total += max(0.0, min(a1, b1) - max(a0, b0))
+        if a1 <= b1:
+            i += 1
+        else:
+            j += 1
+    return total
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -111,19 +131,20 @@ def compute_figures(
     num_stages: int,
     max_overshoot_tokens: int = 0,
 ) -> Figures:
-    ttft = [log.first_token_ms - log.arrival_ms for log in requests if log.first_token_ms is not None]
+    request_ttft = [None if log.first_token_ms is None else log.first_token_ms - log.arrival_ms for log in requests]
+    request_tpot = [_tpot(log) for log in requests]
+    ttft = [t for t in request_ttft if t is not None]
     work = _union([(log.arrival_ms, log.finish_ms) for log in requests if log.finish_ms is not None])
     work_ms = _length(work)
     run = [b for b in batches if b.stage_end_ms]
     bubbles, steady = [], []
     for stage in range(num_stages):
-        busy = [(b.stage_start_ms[stage], b.stage_end_ms[stage]) for b in run]
-        busy_in_work = _length(_union([iv for w0, w1 in work for iv in _clip(busy, w0, w1)]))
+        busy = _union([(b.stage_start_ms[stage], b.stage_end_ms[stage]) for b in run])
+        busy_in_work = overlap_ms(busy, work)
         idle = work_ms - busy_in_work
         bubbles.append(idle / work_ms if work_ms > 0 else 0.0)
         if busy:
-            first, last = min(s for s, _ in busy), max(e for _, e in busy)
-            window = _length([iv for w0, w1 in work for iv in _clip([(first, last)], w0, w1)])
+            window = overlap_ms([(busy[0][0], busy[-1][1])], work)
             steady.append(max(window - busy_in_work, 0.0) / work_ms if work_ms > 0 else 0.0)
         else:
             steady.append(0.0)
@@ -132,7 +153,7 @@ def compute_figures(
     computed_prompt = sum(log.prompt_tokens - log.cached_tokens for log in requests)
     first_tokens = [log.first_token_ms for log in requests if log.first_token_ms is not None]
     span_ms = (max(first_tokens) - min(log.arrival_ms for log in requests)) if first_tokens else 0.0
-    tpot = [(log.token_ms[-1] - log.token_ms[0]) / (len(log.token_ms) - 1) for log in requests if len(log.token_ms) > 1]
+    tpot = [t for t in request_tpot if t is not None]
     itl = [float(gap) for log in requests for gap in np.diff(log.token_ms)]
     return Figures(
         name=name,
@@ -150,7 +171,15 @@ def compute_figures(
         itl_p99_ms=_percentile(itl, 99) if itl else None,
         work_ms=work_ms,
         problems=tuple(completeness_problems(requests, max_overshoot_tokens)),
+        request_ttft_ms=tuple(request_ttft),
+        request_tpot_ms=tuple(request_tpot),
     )
+
+
+def _tpot(log: RequestLog) -> float | None:
+    """(last token - first token) / (tokens - 1); None with fewer than two tokens."""
+    tokens = log.token_ms
+    return (tokens[-1] - tokens[0]) / (len(tokens) - 1) if len(tokens) > 1 else None
 
 
 def figures_from_result(result: dict[str, Any], num_stages: int) -> Figures:
@@ -173,14 +202,16 @@ def format_table(
     upstream: Figures | None,
     show_tpot: bool,
     optimum_ms: float | None = None,
+    slo: Slo | None = None,
 ) -> str:
     """One line per policy; ratios are mean TTFT over the reference's (< 1 is faster).
 
-    ``optimum_ms``: the least TTFT of the case (twin/optimum.py), for a "vs optimum" column.
+    ``optimum_ms``: the least TTFT of the case (twin/optimum.py), for a "vs optimum" column;
+    ``slo``: the bounds of a "goodput %" column (with the TPOT columns).
     """
     head = ["policy", "TTFT mean s", "P50 s", "P99 s", "prefill tok/s", "bubble %", "steady %", "CV", "chunks"]
     if show_tpot:
-        head += ["TPOT ms", "TPOT P99", "ITL P99"]
+        head += ["TPOT ms", "TPOT P99", "ITL P99"] + (["goodput %"] if slo else [])
     head += ["vs tuned", "vs upstream"]
     if optimum_ms:
         head += ["vs optimum"]
@@ -201,6 +232,8 @@ def format_table(
             line += [
                 "-" if value is None else f"{value:.1f}" for value in (f.tpot_mean_ms, f.tpot_p99_ms, f.itl_p99_ms)
             ]
+            if slo:
+                line.append(f"{100 * f.goodput(slo):.1f}")
         line += [_ratio(f.ttft_mean_ms, tuned), _ratio(f.ttft_mean_ms, upstream)]
         if optimum_ms:
             line += [f"{f.ttft_mean_ms / optimum_ms:.3f}"]
@@ -218,3 +251,45 @@ def format_table(
         for problem in f.problems:
             out.append(f"  {f.name}: INCOMPLETE {problem}")
     return "\n".join(out)
+
+
+def all_figures(results: Sequence[dict[str, Any]], num_stages: int) -> list[Figures | None]:
+    """Each result's figures (None for a policy that failed), computed once for every use."""
+    return [None if "error" in result else figures_from_result(result, num_stages) for result in results]
+
+
+def run_problems(
+    results: Sequence[dict[str, Any]], num_stages: int, computed: Sequence[Figures | None] | None = None
+) -> list[str]:
+    """Why a case's figures cannot be trusted: a policy failed, ran incomplete or gave an invalid figure."""
+    problems = []
+    for index, result in enumerate(results):
+        name = result["policy"]["name"]
+        if "error" in result:
+            problems.append(f"{name}: failed")
+            continue
+        figures = computed[index] if computed else figures_from_result(result, num_stages)
+        problems += [f"{name}: incomplete: {p}" for p in figures.problems]
+        problems += [f"{name}: {p}" for p in invalid_figures(figures)]
+    return problems
+
+
+def invalid_figures(figures: Figures) -> list[str]:
+    """Figures no real run gives: times and rates must be finite and > 0, shares within [0, 1]."""
+    positive = {
+        "TTFT mean": figures.ttft_mean_ms,
+        "TTFT P50": figures.ttft_p50_ms,
+        "TTFT P99": figures.ttft_p99_ms,
+        "prefill tok/s": figures.prefill_tokens_per_s,
+        "work time": figures.work_ms,
+    }
+    bad = [f"{label} is {value}" for label, value in positive.items() if not (math.isfinite(value) and value > 0)]
+    shares = figures.bubble_per_stage + figures.steady_bubble_per_stage
+    if not all(0 <= b <= 1 for b in shares):
+        bad.append(f"a bubble share is outside [0, 1]: {shares}")
+    if not (math.isfinite(figures.stage_time_cv) and figures.stage_time_cv >= 0):
+        bad.append(f"stage-time CV is {figures.stage_time_cv}")
+    for label, value in (("TPOT mean", figures.tpot_mean_ms), ("TPOT P99", figures.tpot_p99_ms)):
+        if value is not None and not (math.isfinite(value) and value >= 0):
+            bad.append(f"{label} is {value}")
+    return bad

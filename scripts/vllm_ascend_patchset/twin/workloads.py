@@ -1,24 +1,30 @@
-"""Workloads for the twin: one long prompt, or mixed traffic with a seed.
+"""Workloads for the twin: one long prompt, mixed traffic with a seed, or a trace (``traces``).
 
 A workload is a list of ``RequestSpec`` (plain data, JSON-able, so a policy subprocess
 gets exactly the same requests). Prompt token ids are generated in the subprocess from
 ``(seed, req_id)``: the first ``group_tokens`` come from the stream of its
 ``prefix_group``, the rest from its own stream. A request that opens a group takes its
 whole prompt from the group stream; a later request of the group shares a prefix of it
-and so hits the prefix cache.
+and so hits the prefix cache. A trace request instead names its prompt's blocks
+(``block_ids``, ``TRACE_BLOCK_TOKENS`` tokens each): each block's tokens are a function
+of its id alone, so equal leading ids give equal leading tokens, and the last block
+may be cut short by ``prompt_tokens``.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from .surface import Surface
 
 VOCAB_TOKENS = 1000  # token ids stay in [1, VOCAB_TOKENS) (the tiny model's vocabulary)
+TRACE_BLOCK_TOKENS = 512  # tokens per block id of a trace prompt (Mooncake's hash_ids)
+_BLOCK_STREAM = 3  # random stream of trace blocks (1: a request's own, 2: a prefix group's)
 
 
 @dataclass(frozen=True)
@@ -29,9 +35,14 @@ class RequestSpec:
     max_output_tokens: int
     prefix_group: int  # requests of one group share a prefix
     group_tokens: int = 0  # leading tokens taken from the group's stream
+    block_ids: tuple[int, ...] = ()  # trace prompts: one id per TRACE_BLOCK_TOKENS tokens (overrides the above)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> RequestSpec:
+        return cls(**{**data, "block_ids": tuple(data.get("block_ids", ()))})
 
 
 @dataclass(frozen=True)
@@ -39,13 +50,14 @@ class Workload:
     name: str
     seed: int
     requests: tuple[RequestSpec, ...]
+    notes: tuple[str, ...] = field(default=(), compare=False)  # how it was built, printed under its table
 
     def to_json(self) -> dict:
         return {"name": self.name, "seed": self.seed, "requests": [r.to_json() for r in self.requests]}
 
     @classmethod
     def from_json(cls, data: dict) -> Workload:
-        return cls(data["name"], data["seed"], tuple(RequestSpec(**r) for r in data["requests"]))
+        return cls(data["name"], data["seed"], tuple(RequestSpec.from_json(r) for r in data["requests"]))
 
     @property
     def max_request_tokens(self) -> int:
@@ -57,12 +69,24 @@ class Workload:
 
 
 def prompt_token_ids(spec: RequestSpec, seed: int) -> list[int]:
-    """Deterministic prompt ids: the group's shared prefix, then the request's own tokens."""
+    """Deterministic prompt ids: a trace request's blocks; else the group's shared prefix, then its own tokens."""
+    if spec.block_ids:
+        needed = -(-spec.prompt_tokens // TRACE_BLOCK_TOKENS)
+        if len(spec.block_ids) < needed:
+            raise ValueError(f"{spec.req_id}: {len(spec.block_ids)} block ids for {spec.prompt_tokens} prompt tokens")
+        ids = np.concatenate([_block_tokens(b) for b in spec.block_ids[:needed]])
+        return ids[: spec.prompt_tokens].tolist()
     own = np.random.default_rng([seed, 1, _stable_id(spec.req_id)]).integers(1, VOCAB_TOKENS, spec.prompt_tokens)
     if spec.group_tokens:
         group = np.random.default_rng([seed, 2, spec.prefix_group]).integers(1, VOCAB_TOKENS, spec.group_tokens)
         own[: spec.group_tokens] = group
     return own.tolist()
+
+
+@functools.lru_cache(maxsize=8192)
+def _block_tokens(block_id: int) -> np.ndarray:
+    """The tokens of one trace block: a function of its id alone, not of the workload seed or the request."""
+    return np.random.default_rng([_BLOCK_STREAM, block_id]).integers(1, VOCAB_TOKENS, TRACE_BLOCK_TOKENS)
 
 
 def _stable_id(req_id: str) -> int:

@@ -1,0 +1,174 @@
+"""The twin's workload and goodput options: parsing, checks that name the option, and the workloads they give.
+
+``--workload`` takes comma-separated items: ``long:<tokens>``, ``mixed``, and
+``trace:PATH[@START[:COUNT]]`` (``traces``; COUNT defaults to ``--requests``). Every
+``mixed`` and ``trace`` item runs at each of the ``--load`` values (comma-separated), so
+one invocation holds all of a sweep's cases. ``--slo-*`` set the goodput bounds (``slo``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+
+from .engine import BLOCK_TOKENS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
+from .slo import REFERENCE_TOKENS, Slo, default_slo
+from .surface import Surface
+from .surface_files import load_surface
+from .traces import parse_trace_item, trace_workload
+from .workloads import Workload, long_prompt, mixed
+
+LONGEST_REQUEST_TOKENS = TINY_MODEL_MAX_POSITIONS - MODEL_LEN_SLACK_TOKENS  # prompt + output the twin's model takes
+
+
+def parse_tokens(text: str, what: str = "token count") -> int:
+    """``4096``, ``128k`` (x1024) -> tokens: a whole number > 0."""
+    clean = text.strip().lower()
+    factor = 1024 if clean.endswith("k") else 1
+    try:
+        number = float(clean[:-1] if factor > 1 else clean) * factor
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number > 0 and number.is_integer()):
+        raise ValueError(f"{what} {text!r}: give a whole number > 0, optionally with k (e.g. 4096 or 128k)")
+    return int(number)
+
+
+def tokens_option(text: str) -> int:
+    """argparse type of a token-count option: argparse names the option in the error."""
+    try:
+        return parse_tokens(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def check_number(value: float, option: str, low: float, high: float = math.inf, *, low_open: bool = False) -> None:
+    inside = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
+    if not inside:
+        interval = f"{'(' if low_open else '['}{low:g}, {'inf)' if high == math.inf else f'{high:g}]'}"
+        raise ValueError(f"{option} must be a finite number in {interval}, got {value}")
+
+
+def parse_loads(text: str) -> list[float]:
+    """``0.5,0.8`` -> offered loads, each a finite number > 0."""
+    try:
+        loads = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--load {text!r}: give numbers > 0, comma-separated (e.g. 0.5,0.8,0.95)") from None
+    for load in loads:
+        check_number(load, "--load", 0.0, low_open=True)
+    return loads
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        default="long:128k",
+        help="comma-separated: long:<tokens> (one prompt, e.g. long:128k), mixed (Poisson traffic), or\n"
+        "trace:PATH[@START[:COUNT]] (requests START.. of a Mooncake .jsonl or Azure .csv trace; COUNT: --requests)",
+    )
+    p.add_argument("--requests", type=int, default=24, help="mixed: number of requests; trace: default COUNT")
+    p.add_argument(
+        "--load", default="0.6", help="mixed, trace: offered prefill load(s), fraction of capacity (e.g. 0.5,0.8)"
+    )
+    p.add_argument("--prompt-range", default="4k-64k", help="mixed: prompt lengths, log-uniform (e.g. 4k-64k)")
+    p.add_argument("--prefix-hit-share", type=float, default=0.25, help="mixed: share of prefix-cache hits")
+    p.add_argument("--output-range", default="16-128", help="mixed: output tokens per request")
+    p.add_argument("--output-cap", type=tokens_option, default=None, help="trace: at most this many output tokens")
+    for name in ("ttft", "tpot"):
+        bound = f"goodput: {name.upper()} bound, ms (default: from the surface)"
+        p.add_argument(f"--slo-{name}-ms", type=float, help=bound)
+    p.add_argument(
+        "--slo-reference",
+        type=tokens_option,
+        default=REFERENCE_TOKENS,
+        help="goodput: reference prompt of the default bounds, tokens (docs/cpp-twin.md)",
+    )
+
+
+def validate_workload_args(args: argparse.Namespace) -> None:
+    parse_loads(args.load)
+    check_number(args.prefix_hit_share, "--prefix-hit-share", 0.0, 1.0)
+    if args.requests < 1:
+        raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    for value, option in ((args.slo_ttft_ms, "--slo-ttft-ms"), (args.slo_tpot_ms, "--slo-tpot-ms")):
+        if value is not None:
+            check_number(value, option, 0.0, low_open=True)
+
+
+def slo_for(args: argparse.Namespace, surface: Surface, num_stages: int) -> Slo:
+    """The goodput bounds of a case at ``num_stages``: the flags', else the surface's defaults."""
+    return default_slo(surface, num_stages, args.slo_reference, args.slo_ttft_ms, args.slo_tpot_ms)
+
+
+def _range(text: str, what: str) -> tuple[int, int]:
+    try:
+        low, high = (parse_tokens(v) for v in text.split("-"))
+    except ValueError:
+        raise ValueError(f"--{what} expects LOW-HIGH, whole numbers > 0 (e.g. 4k-64k), got {text!r}") from None
+    if low > high:
+        raise ValueError(f"--{what} {text!r}: LOW must not exceed HIGH")
+    return low, high
+
+
+def _mixed(args: argparse.Namespace, surface_spec: str, num_stages: int, load: float) -> Workload:
+    low, high = _range(args.prompt_range, "prompt-range")
+    out_low, out_high = _range(args.output_range, "output-range")
+    return mixed(
+        load_surface(surface_spec),
+        num_stages,
+        seed=args.seed,
+        num_requests=args.requests,
+        load=load,
+        min_prompt_tokens=low,
+        max_prompt_tokens=high,
+        prefix_hit_share=args.prefix_hit_share,
+        min_output_tokens=out_low,
+        max_output_tokens=out_high,
+        reference_chunk_tokens=args.chunk,
+    )
+
+
+def build_workloads(args: argparse.Namespace, surface_spec: str, num_stages: int) -> list[Workload]:
+    """The ``--workload`` items in order, each ``mixed``/``trace`` item once per ``--load``."""
+    loads = parse_loads(args.load)
+    out = []
+    for item in args.workload.split(","):
+        item = item.strip()
+        if item.startswith("long:"):
+            made = [long_prompt(parse_tokens(item.split(":", 1)[1], f"--workload {item!r}: token count"))]
+        elif item == "mixed":
+            made = [_mixed(args, surface_spec, num_stages, load) for load in loads]
+            if len(loads) > 1:  # one name per load; a single load keeps the plain name
+                named = zip(made, loads, strict=True)
+                made = [dataclasses.replace(w, name=f"{w.name}-load{load:g}") for w, load in named]
+        elif item.startswith("trace:"):
+            trace = parse_trace_item(item.split(":", 1)[1], args.requests)
+            surface = load_surface(surface_spec)
+            made = [
+                trace_workload(
+                    surface,
+                    num_stages,
+                    trace,
+                    load,
+                    reference_chunk_tokens=args.chunk,
+                    cache_block_tokens=BLOCK_TOKENS,
+                    max_request_tokens=LONGEST_REQUEST_TOKENS,
+                    output_cap=args.output_cap,
+                )
+                for load in loads
+            ]
+        else:
+            raise ValueError(
+                f"--workload item {item!r}: use long:<tokens> (e.g. long:128k), mixed, or trace:PATH[@START[:COUNT]]"
+            )
+        for workload in made:
+            if workload.max_request_tokens > LONGEST_REQUEST_TOKENS:
+                source = "--prompt-range/--output-range" if item == "mixed" else f"--workload {item}"
+                raise ValueError(
+                    f"{source}: a request of {workload.max_request_tokens} tokens (prompt + output) is longer than"
+                    f" the twin's model takes ({LONGEST_REQUEST_TOKENS})"
+                )
+        out += made
+    return out

@@ -1,6 +1,6 @@
 """Real data: a latency surface t(C, H) measured on a CPU by scripts/measure_cpu_surface.py.
 
-Fitting the H = 0 samples plus one or two history levels must predict the other
+The model built from the H = 0 samples plus two history levels must predict the other
 history levels within 15% MAPE, and at least 3x better than upstream v0.23.0's own
 start-up model on the same points: its ``ChunkSizePredictor.fit`` on the H = 0 samples,
 a chunk costing ``get_time`` = f(H + C) - f(H) (or that plus the constant, whichever
@@ -19,13 +19,17 @@ from pathlib import Path
 import conftest
 import numpy as np
 import pytest
-from vllm_ascend.core.profiling_chunk_predictor import LatencyModel, accept
+from vllm_ascend.core.cpp_acceptance import judge
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
+from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_samples import group_points
 
-SURFACE = Path(__file__).resolve().parents[1] / "data" / "cpu_surface.csv"
+DATA = Path(__file__).resolve().parents[1] / "data"
+SURFACES = sorted(DATA.glob("cpu_surface*.csv"))
 
 
-def read_surface():
-    with SURFACE.open() as handle:
+def read_surface(path):
+    with path.open() as handle:
         return [
             (int(r["chunk_tokens"]), int(r["history_tokens"]), float(r["latency_ms"])) for r in csv.DictReader(handle)
         ]
@@ -63,34 +67,46 @@ def upstream_start_up_predictions(upstream, samples):
     }
 
 
-def test_the_surface_has_repeats_and_a_visible_attention_term():
-    samples = read_surface()
+def grid_levels(samples):
+    """History levels at which every chunk size measured at every level was measured."""
     points = medians(samples)
     histories = sorted({h for _, h in points})
-    assert histories[0] == 0 and histories[-1] >= 32768 and len(histories) >= 4
-    assert max(c for c, _ in points) >= 4096
+    chunks = [c for c in sorted({c for c, _ in points}) if all((c, h) in points for h in histories)]
+    return histories, chunks
+
+
+@pytest.mark.parametrize("path", SURFACES, ids=lambda p: p.name)
+def test_each_measured_surface_has_repeats_and_a_visible_attention_term(path):
+    samples = read_surface(path)
+    points = medians(samples)
+    histories, chunks = grid_levels(samples)
+    assert histories[0] == 0 and len(histories) >= 4 and len(chunks) >= 6
     assert len(samples) >= 3 * len(points)
     # At the longest history a chunk costs several times what it costs without history.
-    assert points[(2048, histories[-1])] > 3 * points[(2048, 0)]
+    assert points[(chunks[-1], histories[-1])] > 2 * points[(chunks[-1], 0)]
 
 
-@pytest.mark.parametrize("fit_histories", [(4096, 32768), (8192, 32768), (16384,)], ids=str)
-def test_fit_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(upstream, fit_histories):
-    samples = read_surface()
-    fit_levels = {0, *fit_histories}
-    fit_samples = [s for s in samples if s[1] in fit_levels]
-    held_out = {key: ms for key, ms in medians(samples).items() if key[1] not in fit_levels}
-    assert len(held_out) >= 14
-
-    model = LatencyModel.fit(*zip(*fit_samples, strict=True))
+@pytest.mark.parametrize("path", SURFACES, ids=lambda p: p.name)
+def test_the_model_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(upstream, path):
+    samples = read_surface(path)
+    histories, chunks = grid_levels(samples)
+    kept_levels = {0, histories[len(histories) // 2], histories[-1]}
+    kept = [s for s in samples if s[1] in kept_levels and s[0] in chunks]
+    held_out = {key: ms for key, ms in medians(samples).items() if key[1] not in kept_levels and key[0] in chunks}
+    assert len(held_out) >= 10
+    points, scatter = group_points(kept)
+    model = LatencyModel.from_points(points, scatter)
     ours = mape(model.time_ms, held_out)
     theirs = min(mape(predict, held_out) for predict in upstream_start_up_predictions(upstream, samples).values())
     assert ours <= 0.15, f"our MAPE {ours:.1%} on held-out points"
     assert ours * 3 <= theirs, f"ours {ours:.1%} vs upstream start-up {theirs:.1%}"
 
 
-def test_the_surface_profile_is_accepted_for_the_range_it_covers():
-    """The fit above on H in {0, 4096, 32768} (6% MAPE on held-out histories) must pass the one acceptance rule."""
-    samples = [s for s in read_surface() if s[1] in {0, 4096, 32768}]
-    model = accept(samples, max_chunk_tokens=4096, max_history_tokens=32768)
-    assert model.mape <= 0.15
+@pytest.mark.parametrize("path", SURFACES, ids=lambda p: p.name)
+def test_each_measured_surface_is_accepted_as_a_profile(path):
+    samples = read_surface(path)
+    histories, chunks = grid_levels(samples)
+    grid = [s for s in samples if s[0] in chunks]
+    verdict = judge(grid, ChunkLimits(max(chunks), histories[-1] + max(chunks)), 4,
+                    max_history_tokens=histories[-1], last_round=True)  # fmt: skip
+    assert verdict.model is not None, verdict.reason

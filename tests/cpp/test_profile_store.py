@@ -1,8 +1,8 @@
 """The cached CPP profile: untrusted input, adopted only as a fresh profile would be, and written atomically.
 
 ``initialise_profile`` is run against a fake device that times the real start-up plan
-on a known model; every bad cache ends in one warning and a new profile, never a crash
-and never a model the acceptance rule would refuse.
+on a known surface; every bad cache ends in one warning and a new profile, never a
+crash and never a model the acceptance rule would refuse.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import logging
 from pathlib import Path
 
 import pytest
-from cpp_samples import TRUE, start_up_samples
+from cpp_samples import TRUE, model_of, start_up_samples
 from vllm_ascend.core import cpp_profiling
+from vllm_ascend.core.cpp_acceptance import judge
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_config import CppConfig
-from vllm_ascend.core.cpp_latency_model import NoisyFit, accept
 from vllm_ascend.core.cpp_profile_store import (
     MAX_PROFILE_BYTES,
     MAX_PROFILE_SAMPLES,
@@ -28,9 +29,14 @@ from vllm_ascend.core.cpp_profile_store import (
 )
 
 BASE_CHUNK_TOKENS = 8192
-DOMAIN = {"max_chunk_tokens": 8192, "max_history_tokens": 65_536}
-# A small valid profile (16 sizes, 2 histories: 20 runs) keeps these tests fast; the fit tests use the default.
-PROFILE_SETTINGS = {"profile_points": 16, "profile_repeats": 1, "profile_history_points": 2}
+MAX_HISTORY = 65_536
+STAGES = 4
+# A small valid profile (the ladder's powers of two, 2 histories, one pass) keeps these tests fast.
+PROFILE_SETTINGS = {"profile_points": 10, "profile_repeats": 1, "profile_history_points": 2}
+
+
+def limits(base_chunk_tokens=BASE_CHUNK_TOKENS):
+    return ChunkLimits(max_chunk_tokens=base_chunk_tokens, max_model_len=MAX_HISTORY + base_chunk_tokens)
 
 
 def fingerprint(**overrides):
@@ -52,7 +58,7 @@ def fingerprint(**overrides):
 
 
 class Device:
-    """Times each profiling run on TRUE (1% noise) and counts the runs."""
+    """Times each profiling run on TRUE (1% deterministic wobble) and counts the runs."""
 
     def __init__(self):
         self.runs = 0
@@ -73,32 +79,47 @@ class Warnings(logging.Handler):
 
 @pytest.fixture
 def warnings_logged():
-    """Warnings of cpp_profiling's logger (vLLM's loggers do not propagate to the root)."""
     handler = Warnings()
     cpp_profiling.logger.addHandler(handler)
     yield handler.messages
     cpp_profiling.logger.removeHandler(handler)
 
 
-def start(cache_dir, device, **overrides):
-    """What the scheduler does at start-up: the model, its samples and where they came from."""
-    kwargs = dict(fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS, measure=device, **DOMAIN)
+def start(cache_dir, device, *, base_chunk_tokens=BASE_CHUNK_TOKENS, **overrides):
+    """What the scheduler does at start-up: the verdict, its samples and where they came from."""
+    kwargs = dict(fingerprint=fingerprint(), measure=device, max_history_tokens=MAX_HISTORY)
     kwargs.update(overrides)
     config = CppConfig(cache_dir=str(cache_dir), **PROFILE_SETTINGS)
-    return cpp_profiling.initialise_profile(config, **kwargs)
+    return cpp_profiling.initialise_profile(config, limits(base_chunk_tokens), STAGES, **kwargs)
+
+
+def judged(samples):
+    return judge(samples, limits(), STAGES, max_history_tokens=MAX_HISTORY, last_round=True)
 
 
 def profile_file(cache_dir) -> Path:
     return cache_file(str(cache_dir), fingerprint())
 
 
+def plan_runs():
+    return len(
+        cpp_profiling.profile_plan(
+            base_chunk_tokens=BASE_CHUNK_TOKENS,
+            points=PROFILE_SETTINGS["profile_points"],
+            repeats=PROFILE_SETTINGS["profile_repeats"],
+            history_points=PROFILE_SETTINGS["profile_history_points"],
+            max_history_tokens=MAX_HISTORY,
+        )
+    )
+
+
 @pytest.fixture
 def cached(tmp_path):
     """A cache folder holding the profile of a first start (one profiling run)."""
     device = Device()
-    model, samples, source = start(tmp_path, device)
-    assert model is not None and device.runs == len(samples) + cpp_profiling.WARMUP_RUNS
-    assert "saved to" in source and profile_file(tmp_path).is_file()
+    first = start(tmp_path, device)
+    assert first.verdict.model is not None and device.runs == len(first.samples) + cpp_profiling.WARMUP_RUNS
+    assert "saved to" in first.source and profile_file(tmp_path).is_file()
     return tmp_path
 
 
@@ -108,83 +129,62 @@ def edit(path: Path, change) -> None:
     path.write_text(json.dumps(data))
 
 
-class BusyHost(Device):
-    """A host whose load moves each run by up to ``noise``; unless ``same_every_round``, round 2 mirrors round 1."""
-
-    def __init__(self, noise, *, same_every_round):
-        super().__init__()
-        self.noise, self.same_every_round, self.plan_runs = noise, same_every_round, None
+class Liar(Device):
+    """A host whose first round put a slow spell where the decisions are made; the second round is clean."""
 
     def __call__(self, chunk_tokens, history_tokens):
-        self.runs += 1
-        index = self.runs - cpp_profiling.WARMUP_RUNS
-        round_index, position = divmod(max(index - 1, 0), self.plan_runs)
-        sign = 1.0 if self.same_every_round or round_index == 0 else -1.0
-        wobble = ((position * 7919) % 13 - 6) / 6  # in [-1, 1]
-        return TRUE.time_ms(chunk_tokens, history_tokens) * (1.0 + sign * self.noise * wobble)
+        ms = super().__call__(chunk_tokens, history_tokens)
+        first_round = self.runs <= cpp_profiling.WARMUP_RUNS + plan_runs()
+        return ms * (3.0 if first_round and 256 <= chunk_tokens <= 2048 and history_tokens == 0 else 1.0)
 
 
-def start_up_plan():
-    return cpp_profiling.profile_plan(
-        base_chunk_size=BASE_CHUNK_TOKENS,
-        points=PROFILE_SETTINGS["profile_points"],
-        repeats=PROFILE_SETTINGS["profile_repeats"],
-        history_points=PROFILE_SETTINGS["profile_history_points"],
-        max_history_tokens=DOMAIN["max_history_tokens"],
-    )
+def test_a_profile_too_noisy_to_decide_is_measured_once_more_and_accepted(tmp_path, warnings_logged):
+    device = Liar()
+    result = start(tmp_path, device)
+    assert result.verdict.model is not None and not warnings_logged
+    assert device.runs == 2 * plan_runs() + cpp_profiling.WARMUP_RUNS  # one more round, not more
+    assert result.source.startswith(f"profiled ({2 * plan_runs()} runs")
 
 
-def busy_host(*, same_every_round):
-    device = BusyHost(0.4, same_every_round=same_every_round)
-    device.plan_runs = len(start_up_plan())
-    return device
-
-
-def test_a_noisy_profile_is_measured_once_more_and_accepted_on_both_rounds(tmp_path, warnings_logged):
-    one_round = cpp_profiling.collect_samples(
-        busy_host(same_every_round=False), start_up_plan(), (BASE_CHUNK_TOKENS, 0)
-    )
-    with pytest.raises(NoisyFit):
-        accept(one_round, **DOMAIN)
-    device = busy_host(same_every_round=False)
-    runs = device.plan_runs
-    model, samples, source = start(tmp_path, device)
-    assert model is not None and not warnings_logged
-    assert len(samples) == 2 * runs and device.runs == 2 * runs + cpp_profiling.WARMUP_RUNS
-    assert source.startswith(f"profiled ({2 * runs} runs")
-    assert model.time_ms(4096, 32_768) == pytest.approx(TRUE.time_ms(4096, 32_768), rel=0.02)
-
-
-def test_a_profile_still_noisy_after_the_second_round_keeps_fixed_chunks_with_one_warning(tmp_path, warnings_logged):
-    device = busy_host(same_every_round=True)
-    assert start(tmp_path, device) == (None, [], None)
-    assert device.runs == 2 * device.plan_runs + cpp_profiling.WARMUP_RUNS  # one more round, not more
-    assert len(warnings_logged) == 1 and "rejected" in warnings_logged[0]
+def test_a_broken_profile_runs_the_best_fixed_chunk_without_saving(tmp_path, warnings_logged):
+    device = Device()
+    result = start(tmp_path, lambda c, h: device(c, h) * (0.3 if c == 4096 else 1.0))
+    assert result.verdict.model is None and result.verdict.fixed_chunk_tokens is not None
+    assert "fall" in result.verdict.reason
+    assert device.runs == 2 * plan_runs() + cpp_profiling.WARMUP_RUNS
     assert not profile_file(tmp_path).exists()
 
 
-def test_a_profile_refused_for_its_shape_is_not_measured_again(tmp_path, warnings_logged):
-    device = Device()
-    flat = start(tmp_path, lambda c, h: device(c, h) * 0 + 5.0 + 0.001 * c)  # linear: no quadratic term
-    assert flat == (None, [], None)
-    assert device.runs == len(start_up_plan()) + cpp_profiling.WARMUP_RUNS
-    assert len(warnings_logged) == 1 and "quadratic" in warnings_logged[0]
+def test_a_worker_that_fails_gives_upstream_behaviour_and_the_reason(tmp_path):
+    def failing(chunk_tokens, history_tokens):
+        raise TimeoutError("rank 3 did not answer")
+
+    result = start(tmp_path, failing)
+    assert result.verdict.model is None and result.verdict.fixed_chunk_tokens is None
+    assert "TimeoutError: rank 3 did not answer" in result.verdict.reason
 
 
 # ---------------------------------------------------------------- reuse
 def test_a_second_start_reuses_the_profile_without_profiling(cached, warnings_logged):
     device = Device()
     first = load_profile(profile_file(cached), fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS)
-    model, samples, source = start(cached, device)
+    result = start(cached, device)
     assert device.runs == 0 and not warnings_logged
-    assert source.startswith("cache") and samples == first
-    assert model == accept(first, **DOMAIN)
+    assert result.source.startswith("cache") and result.samples == first
+    assert result.verdict.model == judged(first).model
+
+
+def test_a_cache_measured_over_too_little_history_is_profiled_again(cached, warnings_logged):
+    device = Device()
+    result = start(cached, device, max_history_tokens=4 * MAX_HISTORY)
+    assert device.runs > 0 and result.verdict.model is not None
+    assert len(warnings_logged) == 1 and "history" in warnings_logged[0]
 
 
 def test_save_then_load_gives_back_the_samples(tmp_path):
     samples = start_up_samples()
     path = tmp_path / "profile.json"
-    save_profile(path, fingerprint=fingerprint(), base_chunk_tokens=4096, model=TRUE, samples=samples)
+    save_profile(path, fingerprint=fingerprint(), base_chunk_tokens=4096, samples=samples)
     loaded = load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=4096)
     assert loaded == [(int(c), int(h), float(ms)) for c, h, ms in samples]
     assert json.loads(path.read_text())["schema_version"] == PROFILE_SCHEMA_VERSION
@@ -194,8 +194,7 @@ def test_save_then_load_gives_back_the_samples(tmp_path):
 def test_a_missing_file_is_quietly_absent(tmp_path, warnings_logged):
     assert load_profile(tmp_path / "none.json", fingerprint=fingerprint(), base_chunk_tokens=8192) is None
     device = Device()
-    model, _, _ = start(tmp_path, device)
-    assert model is not None and device.runs > 0 and not warnings_logged
+    assert start(tmp_path, device).verdict.model is not None and device.runs > 0 and not warnings_logged
 
 
 def test_another_setup_does_not_reuse_the_profile(cached, warnings_logged):
@@ -210,29 +209,9 @@ def test_another_setup_does_not_reuse_the_profile(cached, warnings_logged):
 
 def test_another_base_chunk_does_not_reuse_the_profile(cached, warnings_logged):
     device = Device()
-    model, _, source = start(cached, device, base_chunk_tokens=4096)
-    assert device.runs > 0 and model is not None and "saved to" in source
+    result = start(cached, device, base_chunk_tokens=4096)
+    assert device.runs > 0 and result.verdict.model is not None and "saved to" in result.source
     assert len(warnings_logged) == 1 and "base_chunk_size" in warnings_logged[0]
-
-
-# ---------------------------------------------------------------- the file's coefficients are never trusted
-@pytest.mark.parametrize(
-    "coefficients",
-    [
-        {"c0_ms": 5.0, "c1_ms": 0.02, "c2_ms": 0.002, "c3_ms": 2e-6, "c4_ms": 1e9},
-        {"c0_ms": 5.0, "c1_ms": 1e308, "c2_ms": 0.0, "c3_ms": 1e308, "c4_ms": 1e308},
-        None,
-    ],
-    ids=["c4=1e9", "c1=c3=c4=1e308", "missing"],
-)
-def test_the_files_coefficients_are_never_used_the_samples_are_fitted_again(cached, warnings_logged, coefficients):
-    path = profile_file(cached)
-    edit(path, lambda data: data.update(coefficients=coefficients))
-    device = Device()
-    model, samples, _ = start(cached, device)
-    assert device.runs == 0 and not warnings_logged
-    assert model == accept(samples, **DOMAIN)
-    assert model.time_ms(8192, 65_536) == pytest.approx(TRUE.time_ms(8192, 65_536), rel=0.03)
 
 
 # ---------------------------------------------------------------- a bad cache: one warning, a new profile
@@ -252,15 +231,45 @@ def as_text(change):
     return mutate
 
 
+def set_sample(index, value):
+    return as_text(lambda data: data["samples"].__setitem__(index, value))
+
+
+def set_first_point(value):
+    """Every repeat of the first history-0 point set to ``value`` (as a denormal once hung the fit)."""
+
+    def change(data):
+        first = data["samples"][0][:2]
+        data["samples"] = [[c, h, value if [c, h] == first else ms] for c, h, ms in data["samples"]]
+
+    return as_text(change)
+
+
 BAD_FILES = {
+    # samples that are not measurements
+    "latency-denormal": (set_sample(3, [8192, 0, 1e-320]), "latency_ms"),
+    "every-repeat-denormal": (set_first_point(1e-320), "latency_ms"),
+    "latency-5e-324": (set_sample(3, [8192, 0, 5e-324]), "latency_ms"),
+    "latency-1e308": (as_text(set_latencies(1e308)), "latency_ms"),
+    "sample-as-string": (set_sample(3, "123"), "a sample is"),
+    "latency-as-string": (set_sample(3, [8192, 0, "50"]), "latency_ms"),
+    "bool-tokens": (set_sample(3, [True, 0, 50.0]), "chunk_tokens"),
+    "fractional-tokens": (set_sample(3, [8192.5, 0, 50.0]), "chunk_tokens"),
+    "float-tokens": (set_sample(3, [8192.0, 0, 50.0]), "chunk_tokens"),
+    "chunk-of-400-digits": (set_sample(3, [10**400, 0, 50.0]), "chunk_tokens"),
     # samples that a fresh profile would not pass
-    "flat-latencies": (as_text(set_latencies(50.0)), "quadratic"),
-    "latency-1e308": (as_text(set_latencies(1e308)), "latency"),
-    "five-samples": (as_text(lambda data: data.update(samples=data["samples"][:5])), "distinct"),
+    "five-samples": (as_text(lambda data: data.update(samples=data["samples"][:5])), "history"),
+    "two-chunk-sizes": (
+        as_text(lambda data: data.update(samples=[s for s in data["samples"] if s[0] in (1, 8192)])),
+        "chunk sizes",
+    ),
     # a file that is not our profile
     "truncated": (lambda raw: raw[: len(raw) // 2], "JSONDecodeError"),
     "not-an-object": (lambda raw: b"[1, 2, 3]", "JSON object"),
     "other-schema": (as_text(lambda data: data.update(schema_version=99)), "schema_version"),
+    "schema-true": (as_text(lambda data: data.update(schema_version=True)), "schema_version"),
+    "schema-float": (as_text(lambda data: data.update(schema_version=float(PROFILE_SCHEMA_VERSION))), "schema_version"),
+    "base-chunk-float": (as_text(lambda data: data.update(base_chunk_size=8192.0)), "base_chunk_size"),
     "other-fingerprint-inside": (
         as_text(lambda data: data["fingerprint"].update(tensor_parallel_size=8)),
         "fingerprint",
@@ -270,34 +279,24 @@ BAD_FILES = {
         as_text(lambda data: data.update(samples=data["samples"] * (MAX_PROFILE_SAMPLES // len(data["samples"]) + 1))),
         "at most",
     ),
-    "sample-as-text": (as_text(lambda data: data["samples"].__setitem__(3, "8192 0 50")), "numbers"),
     # input built to break a reader
     "nested-100k-deep": (lambda raw: b"[" * 100_000 + b"]" * 100_000, "RecursionError"),
     "not-utf-8": (lambda raw: raw.replace(b'"model"', b'"mod\xff\xfeel"'), "UnicodeDecodeError"),
 }
 
 
-HUGE_CHUNK = pytest.param(
-    as_text(lambda data: data["samples"].__setitem__(3, [10**400, 0, 50.0])),
-    "numbers",
-    id="chunk-of-400-digits",
-)
-
-
-@pytest.mark.parametrize(
-    "mutate, cause", [*(pytest.param(*case, id=name) for name, case in BAD_FILES.items()), HUGE_CHUNK]
-)
+@pytest.mark.parametrize("mutate, cause", [pytest.param(*case, id=name) for name, case in BAD_FILES.items()])
 def test_a_bad_cache_file_is_ignored_with_one_warning_and_profiled_again(cached, warnings_logged, mutate, cause):
     path = profile_file(cached)
     path.write_bytes(mutate(path.read_bytes()))
     device = Device()
-    model, samples, source = start(cached, device)
+    result = start(cached, device)
     assert len(warnings_logged) == 1, warnings_logged
     assert "ignoring cached profile" in warnings_logged[0] and cause in warnings_logged[0]
-    assert device.runs == len(samples) + cpp_profiling.WARMUP_RUNS and "saved to" in source
-    assert model == accept(samples, **DOMAIN)
+    assert device.runs == len(result.samples) + cpp_profiling.WARMUP_RUNS and "saved to" in result.source
+    assert result.verdict.model == judged(result.samples).model
     # The new profile replaced the bad file: the next start reuses it.
-    assert load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS) == samples
+    assert load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS) == result.samples
 
 
 def deny(monkeypatch, method, path):
@@ -319,8 +318,7 @@ def test_an_unreadable_cache_is_ignored_with_one_warning_and_profiled_again(
     path = profile_file(cached)
     deny(monkeypatch, method, path)
     device = Device()
-    model, _, _ = start(cached, device)
-    assert model is not None and device.runs > 0
+    assert start(cached, device).verdict.model is not None and device.runs > 0
     assert len(warnings_logged) == 1 and "PermissionError" in warnings_logged[0]
 
 
@@ -361,11 +359,16 @@ def test_a_folder_at_the_cache_path_is_refused_and_saving_over_it_leaves_nothing
     with pytest.raises(ProfileCacheError, match="not a regular file"):
         load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS)
     with pytest.raises(OSError):
-        save_profile(path, fingerprint=fingerprint(), base_chunk_tokens=8192, model=TRUE, samples=start_up_samples())
+        save_profile(path, fingerprint=fingerprint(), base_chunk_tokens=8192, samples=start_up_samples())
     assert sorted(p.name for p in cached.iterdir()) == [path.name]  # no orphan .tmp
     device = Device()
-    model, _, source = start(cached, device)  # profiles, cannot save, serves with the new model
-    assert model is not None and device.runs > 0 and "saved" not in source
+    result = start(cached, device)  # profiles, cannot save, serves with the new model
+    assert result.verdict.model is not None and device.runs > 0 and "saved" not in result.source
     assert len(warnings_logged) == 2
     assert "ignoring cached profile" in warnings_logged[0] and "could not save" in warnings_logged[1]
     assert sorted(p.name for p in cached.iterdir()) == [path.name]
+
+
+def test_the_models_of_equal_samples_are_equal():
+    samples = start_up_samples()
+    assert model_of(samples) == model_of(list(samples))

@@ -34,7 +34,7 @@ def test_defaults_keep_upstream_keys_and_add_ours():
     config = load({"enabled": True})
     assert config.enabled and config.need_timing
     assert (config.smooth_factor, config.min_chunk, config.max_fit_chunk) == (1.0, None, 30)
-    assert (config.profile_points, config.timing_every, config.tail_tolerance) == (64, 16, 0.0)
+    assert (config.profile_points, config.timing_every, config.tail_tolerance) == (24, 16, 0.0)
     assert config.cache_dir == config.cache_path == os.path.expanduser("~/.cache/vllm_ascend/cpp")
     assert parse_cpp_config({}).cache_dir == "~/.cache/vllm_ascend/cpp", "the default, as documented"
     assert not load(None).enabled and not load({}).need_timing
@@ -103,11 +103,11 @@ def test_not_an_object():
         ({"max_fit_chunk": 5}, r"profiling_chunk_config.max_fit_chunk=5: must be an integer in \[8, 4096\]"),
         ({"need_timing": 1}, r"profiling_chunk_config.need_timing=1: must be true or false"),
         ({"cache_dir": 3}, r"profiling_chunk_config.cache_dir=3: must be a folder path, or null"),
-        ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be an integer in \[16, 1024\]"),
+        ({"profile_points": 4}, r"profiling_chunk_config.profile_points=4: must be an integer in \[8, 64\]"),
         ({"profile_repeats": 0}, r"profiling_chunk_config.profile_repeats=0: must be an integer in \[1, 16\]"),
         (
             {"profile_history_points": -1},
-            r"profiling_chunk_config.profile_history_points=-1: must be an integer in \[2, 64\]",
+            r"profiling_chunk_config.profile_history_points=-1: must be an integer in \[1, 32\]",
         ),
         ({"timing_every": 0}, r"profiling_chunk_config.timing_every=0: must be an integer in \[1, 1000000\]"),
         ({"tail_tolerance": -0.1}, r"profiling_chunk_config.tail_tolerance=-0.1: must be a number in \[0, 1\]"),

@@ -3,32 +3,46 @@
 from __future__ import annotations
 
 import helpers
+import pytest
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
 
 
-def test_plan_follows_the_seed_sizes_with_repeats_and_history_runs():
+def test_plan_is_the_ladder_at_every_history_with_the_tile_probe_in_passes():
     plan = cpp_profiling.profile_plan(
-        base_chunk_size=8192, points=64, repeats=3, history_points=4, max_history_tokens=100_000, align=128
+        base_chunk_tokens=8192, points=24, repeats=2, history_points=4, max_history_tokens=100_000, align=128
     )
-    fresh = [chunk for chunk, history in plan if history == 0]
-    sizes = list(dict.fromkeys(fresh))
-    assert sizes[0] == 8192 and sizes[-1] == 128 and len(sizes) == 64
-    assert all(later < earlier for earlier, later in zip(sizes, sizes[1:], strict=False))
-    assert len(fresh) == 64 * 3
-    with_history = [(c, h) for c, h in plan if h > 0]
-    assert sorted({h for _, h in with_history}) == [24960, 49920, 74880, 99968]
-    assert all(h % 128 == 0 and h <= 100_000 for _, h in with_history)
-    assert {c for c, _ in with_history} == {4096, 1024}  # two sizes per history: c2*H and c4*C*H separable
-    assert len(with_history) == 4 * 2 * 3
-    one_pass = plan[: len(plan) // 3]
-    assert plan == one_pass * 3 and len(set(one_pass)) == len(one_pass)  # passes, not repeats in a row
+    ladder = [1, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
+    histories = [0, 24960, 49920, 74880, 99968]
+    one_pass = plan[: len(plan) // 2]
+    assert plan == one_pass * 2 and len(set(one_pass)) == len(one_pass)  # passes, not repeats in a row
+    grid = [(c, h) for h in histories for c in ladder]
+    assert one_pass[: len(grid)] == grid  # every size at every history, small chunks too
+    probe = one_pass[len(grid) :]
+    assert probe == [(1088, 0), (1089, 0), (1152, 0), (1153, 0), (1280, 0), (1281, 0), (1537, 0)]  # 1536 is a size
+    assert len(plan) + cpp_profiling.WARMUP_RUNS <= 218  # no more runs than the profile of the previous version
+
+
+@pytest.mark.parametrize("points", [8, 12, 24])
+def test_a_smaller_budget_of_sizes_drops_the_middle_sizes_first(points):
+    ladder = cpp_profiling.chunk_ladder(8192, points)
+    assert len(ladder) <= max(points, 3) and ladder[0] == 1 and ladder[-1] == 8192
+    powers = [32, 64, 128, 256, 512, 1024, 2048, 4096]
+    if points >= 10:
+        assert set(powers) <= set(ladder)
+
+
+@pytest.mark.parametrize("base", [4, 16, 48, 100, 5000])
+def test_any_token_budget_gets_three_sizes_or_more_up_to_itself(base):
+    ladder = cpp_profiling.chunk_ladder(base, 24)
+    assert len(ladder) >= 3 and ladder[-1] == base and ladder == sorted(set(ladder))
 
 
 def test_plan_without_room_for_history_has_only_fresh_runs():
     plan = cpp_profiling.profile_plan(
-        base_chunk_size=512, points=8, repeats=1, history_points=4, max_history_tokens=0, align=64
+        base_chunk_tokens=512, points=24, repeats=1, history_points=4, max_history_tokens=0, align=64
     )
-    assert plan == [(512 - 64 * i, 0) for i in range(8)]
+    assert {h for _, h in plan} == {0}
+    assert [c for c, _ in plan][:9] == [1, 32, 64, 96, 128, 192, 256, 384, 512]
 
 
 def test_measure_asks_every_worker_and_keeps_the_slowest():

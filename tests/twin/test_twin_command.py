@@ -89,15 +89,15 @@ def test_bad_arguments_fail_before_any_worker_naming_the_flag_and_the_fix(argv, 
 @pytest.mark.parametrize(
     "text, message",
     [
-        (CSV_HEAD + GOOD_ROWS + "2048,0,abc\n", "bad.csv:9: latency_ms 'abc' must be a finite number"),
+        (CSV_HEAD + GOOD_ROWS + "2048,0,abc\n", "bad.csv:9: latency_ms 'abc' must be a number of milliseconds"),
         (CSV_HEAD + GOOD_ROWS + "2048,0,-3.5\n", "bad.csv:9: latency_ms '-3.5'"),
         (CSV_HEAD + GOOD_ROWS + "2048,0,nan\n", "bad.csv:9: latency_ms 'nan'"),
-        (CSV_HEAD + GOOD_ROWS + "-2048,0,5\n", "bad.csv:9: chunk_tokens '-2048' must be a whole number > 0"),
-        (CSV_HEAD + GOOD_ROWS + "2048,-1,5\n", "bad.csv:9: history_tokens '-1' must be a whole number >= 0"),
+        (CSV_HEAD + GOOD_ROWS + "-2048,0,5\n", "bad.csv:9: chunk_tokens '-2048' must be a whole number in [1,"),
+        (CSV_HEAD + GOOD_ROWS + "2048,-1,5\n", "bad.csv:9: history_tokens '-1' must be a whole number in [0,"),
         (CSV_HEAD + GOOD_ROWS + "2048.5,0,5\n", "bad.csv:9: chunk_tokens '2048.5'"),
         (CSV_HEAD + GOOD_ROWS + "2048,0\n", "bad.csv:9: 2 value(s), the header names 3"),
         (CSV_HEAD + "".join(f"{c},0,0\n" for c in (256, 512, 1024, 2048, 4096)), "bad.csv:3: latency_ms '0'"),
-        (CSV_HEAD + "256,0,1\n", "fewer"),
+        (CSV_HEAD + "256,0,1\n", "two or more measured chunk sizes"),
     ],
 )
 def test_a_bad_csv_surface_names_the_file_and_line(tmp_path, text, message, capsys, no_workers):

@@ -49,7 +49,7 @@ def test_idle_ttft_is_what_the_pipeline_gives_one_prompt_in_fixed_chunks(stages,
 
     def stage_ms(chunks, index):
         (c,) = chunks
-        return (SYNTHETIC.request_ms(c.chunk_tokens, c.history_tokens) / stages,) * stages
+        return (SYNTHETIC.time_ms(c.chunk_tokens, c.history_tokens) / stages,) * stages
 
     run_pipeline(driver, stage_ms, num_stages=stages)
     assert driver.log.token_ms[0] == pytest.approx(idle_ttft_ms(SYNTHETIC, prompt, stages, chunk))
@@ -65,7 +65,7 @@ def test_default_bounds_scale_with_the_surface_so_they_mean_the_same_on_any():
         assert base.ttft_ms == pytest.approx(5 * idle_ms)
         assert all(idle_ms <= idle_ttft_ms(SYNTHETIC, 16384, stages, c) for c in (512, 1024, 4096, 8192, 16384))
         # A decode step next to one best chunk of the reference prompt, fixed cost paid once.
-        step = SYNTHETIC.request_ms(chunk, 8192) + SYNTHETIC.request_ms(1, 16384) - SYNTHETIC.fixed_ms
+        step = SYNTHETIC.time_ms(chunk, 8192) + SYNTHETIC.time_ms(1, 16384) - SYNTHETIC.fixed_ms
         assert base.tpot_ms == pytest.approx(step)
 
 

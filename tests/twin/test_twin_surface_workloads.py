@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from vllm_ascend_patchset.twin.pipeline import Chunk
-from vllm_ascend_patchset.twin.surface import (
-    SYNTHETIC,
-    GridSurface,
-    QuadraticSurface,
-    StageTimer,
-    batch_ms,
-    load_surface,
-)
+from vllm_ascend_patchset.twin.stress import STRESS_SURFACES
+from vllm_ascend_patchset.twin.surface import SYNTHETIC, GridSurface, QuadraticSurface, StageTimer, batch_ms, request_ms
+from vllm_ascend_patchset.twin.surface_files import load_surface
 from vllm_ascend_patchset.twin.workloads import long_prompt, mixed, prompt_token_ids
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +20,7 @@ TRUE = QuadraticSurface(5.0, 0.04, 1e-4, 3e-6, 2e-6, name="true")
 
 
 def grid_points(surface, chunks=(256, 512, 1024, 2048), histories=(0, 4096, 16384)):
-    return [(c, h, surface.request_ms(c, h)) for c in chunks for h in histories]
+    return [(c, h, surface.time_ms(c, h)) for c in chunks for h in histories]
 
 
 def test_fit_recovers_the_coefficients_of_a_noiseless_surface():
@@ -33,10 +29,10 @@ def test_fit_recovers_the_coefficients_of_a_noiseless_surface():
 
 
 def test_a_batch_pays_the_fixed_cost_once_and_each_request_its_own_attention():
-    one = TRUE.request_ms(1024, 8192)
+    one = TRUE.time_ms(1024, 8192)
     assert batch_ms(TRUE, [(1024, 8192)]) == pytest.approx(one)
     two = batch_ms(TRUE, [(1024, 8192), (1, 30000)])
-    assert two == pytest.approx(one + TRUE.request_ms(1, 30000) - TRUE.fixed_ms)
+    assert two == pytest.approx(one + TRUE.time_ms(1, 30000) - TRUE.fixed_ms)
     assert batch_ms(TRUE, []) == 0.0
 
 
@@ -47,9 +43,9 @@ def test_csv_grid_is_exact_on_its_points_and_uses_the_fit_outside(tmp_path):
     path.write_text("\n".join(rows) + "\n")
     surface = load_surface(str(path))
     assert isinstance(surface, GridSurface)
-    assert surface.request_ms(512, 4096) == pytest.approx(TRUE.request_ms(512, 4096))
+    assert surface.time_ms(512, 4096) == pytest.approx(TRUE.time_ms(512, 4096))
     # Outside the grid (longer history than measured) the fitted model answers.
-    assert surface.request_ms(1024, 65536) == pytest.approx(TRUE.request_ms(1024, 65536), rel=1e-6)
+    assert surface.time_ms(1024, 65536) == pytest.approx(TRUE.time_ms(1024, 65536), rel=1e-6)
 
 
 def test_csv_without_the_latency_column_is_refused_with_the_expected_header(tmp_path):
@@ -81,7 +77,7 @@ def test_profile_without_coefficients_falls_back_to_its_samples(tmp_path):
     samples = [[c, h, ms] for c, h, ms in grid_points(TRUE)]
     path = tmp_path / "profile.json"
     path.write_text(json.dumps({"schema_version": 1, "coefficients": None, "samples": samples}))
-    assert load_surface(str(path)).request_ms(1024, 4096) == pytest.approx(TRUE.request_ms(1024, 4096))
+    assert load_surface(str(path)).time_ms(1024, 4096) == pytest.approx(TRUE.time_ms(1024, 4096))
 
 
 def test_committed_cpu_surface_loads_when_present():
@@ -90,7 +86,7 @@ def test_committed_cpu_surface_loads_when_present():
         pytest.skip("tests/data/cpu_surface.csv is produced by the latency-model work")
     surface = load_surface(str(path))
     # Attention makes later chunks dearer: the same chunk costs more after a long history.
-    assert surface.request_ms(2048, 32768) > surface.request_ms(2048, 0) > 0
+    assert surface.time_ms(2048, 32768) > surface.time_ms(2048, 0) > 0
 
 
 @pytest.mark.parametrize(
@@ -106,7 +102,7 @@ def test_stage_timer_splits_by_layer_share_and_reports_the_last_stage_for_profil
     timer = StageTimer.build(TRUE, 4, layers=(10, 10, 10, 20))
     chunks = (Chunk("r", 2048, 0, True, False),)
     stage_ms = timer(chunks, 0)
-    assert sum(stage_ms) == pytest.approx(TRUE.request_ms(2048, 0))
+    assert sum(stage_ms) == pytest.approx(TRUE.time_ms(2048, 0))
     assert stage_ms[3] == pytest.approx(2 * stage_ms[0])
     assert timer.profile_stage_ms(2048, 0, 0) == pytest.approx(stage_ms)
     with pytest.raises(ValueError, match="one per stage"):
@@ -119,7 +115,7 @@ def test_stage_noise_repeats_with_the_seed_and_averages_near_one(seed, index):
     timer = StageTimer.build(TRUE, 2, noise_sigma=0.1, seed=seed)
     chunks = (Chunk("r", 1024, 4096, True, False),)
     assert timer(chunks, index) == timer(chunks, index)
-    plain = TRUE.request_ms(1024, 4096) / 2
+    plain = TRUE.time_ms(1024, 4096) / 2
     assert all(0.5 * plain < ms < 2.0 * plain for ms in timer(chunks, index))
 
 
@@ -152,17 +148,123 @@ def test_long_prompt_is_one_request_at_time_zero():
     assert [(r.arrival_ms, r.prompt_tokens) for r in workload.requests] == [(0.0, 131072)]
 
 
-def test_a_profile_saved_by_our_engine_code_loads_as_its_model(tmp_path):
-    """Round trip through the real persistence code (core/cpp_profile_store.py)."""
+def test_a_profile_saved_by_our_engine_code_loads_as_its_samples(tmp_path):
+    """Round trip through the real persistence code (core/cpp_profile_store.py): the grid the engine measured."""
     store = pytest.importorskip("vllm_ascend.core.cpp_profile_store")
-    from vllm_ascend.core.cpp_latency_model import accept
+    from vllm_ascend.core.cpp_profiling import profile_plan
 
     stage = QuadraticSurface(*(c / 2 for c in TRUE.coefficients))
-    samples = [(c, h, stage.request_ms(c, h)) for c in range(256, 2049, 128) for h in (0, 8192, 16384)]
-    model = accept(samples, max_chunk_tokens=2048, max_history_tokens=16384)
+    plan = profile_plan(base_chunk_tokens=2048, points=24, repeats=1, history_points=2, max_history_tokens=16384)
+    samples = [(c, h, stage.time_ms(c, h)) for c, h in plan]
     path = tmp_path / "profile.json"
-    store.save_profile(
-        path, fingerprint={"pipeline_parallel_size": 2}, base_chunk_tokens=2048, model=model, samples=samples
-    )
+    store.save_profile(path, fingerprint={"pipeline_parallel_size": 2}, base_chunk_tokens=2048, samples=samples)
     surface = load_surface(str(path))
-    assert surface.request_ms(1024, 4096) == pytest.approx(TRUE.request_ms(1024, 4096), rel=0.02)
+    assert surface.time_ms(1024, 8192) == pytest.approx(TRUE.time_ms(1024, 8192), rel=1e-9)
+    assert surface.time_ms(1000, 4096) == pytest.approx(TRUE.time_ms(1000, 4096), rel=0.02)
+
+
+# ---------------------------------------------------------------- what request_ms means, here and in the model
+def test_request_ms_is_a_requests_own_cost_in_the_twin_as_in_the_latency_model():
+    model_module = pytest.importorskip("vllm_ascend.core.cpp_latency_model")
+    from vllm_ascend.core.cpp_samples import Point
+
+    chunks, histories = (1, 64, 256, 1024), (0, 8192)
+    model = model_module.LatencyModel.from_points(
+        [Point(c, h, TRUE.time_ms(c, h), 1) for h in histories for c in chunks]
+    )
+    for surface in (TRUE, SYNTHETIC, STRESS_SURFACES["knee"]):
+        assert request_ms(surface, 256, 100) == pytest.approx(surface.time_ms(256, 100) - surface.fixed_ms)
+    assert model.request_ms(256, 8192) == pytest.approx(request_ms(TRUE, 256, 8192), rel=1e-3)
+
+
+# ---------------------------------------------------------------- measured grids, ragged ones too
+def test_a_ragged_grid_keeps_every_measured_row():
+    """More chunk sizes without history than with it (a profile's tile probe, a CSV measured that way)."""
+    points = [(c, 0, TRUE.time_ms(c, 0)) for c in (256, 384, 512, 768, 1024, 2048)]
+    points += [(c, h, TRUE.time_ms(c, h)) for c in (256, 1024, 2048) for h in (8192, 32768)]
+    surface = GridSurface.from_points(points, name="ragged")
+    assert len(surface.levels) == 3
+    for c, h, ms in points:
+        assert surface.time_ms(c, h) == pytest.approx(ms, rel=1e-12)
+    assert surface.time_ms(640, 16384) == pytest.approx(TRUE.time_ms(640, 16384), rel=0.05)
+
+
+def test_the_committed_cpu_surface_is_its_measurements_not_a_fit():
+    surface = load_surface(str(ROOT / "tests" / "data" / "cpu_surface.csv"))
+    assert isinstance(surface, GridSurface) and len(surface.levels) >= 5
+
+
+@pytest.mark.parametrize("name", sorted(STRESS_SURFACES))
+def test_every_stress_surface_grows_with_chunk_and_history(name):
+    surface = load_surface(f"stress:{name}")
+    chunks = np.arange(1, 8193, 7, dtype=np.float64)
+    for history in (0, 10_000, 40_000):
+        times = surface.time_ms_many(chunks, history)
+        assert np.all(np.diff(times) >= -1e-9) and np.all(times > 0)
+    assert surface.time_ms(2048, 60_000) > surface.time_ms(2048, 0)
+    assert surface.fixed_ms <= surface.time_ms(1, 0)
+
+
+def test_stress_shapes_are_what_their_mechanisms_say():
+    cache, knee = STRESS_SURFACES["cache"], STRESS_SURFACES["knee"]
+    per_token = cache.time_ms_many(np.array([256.0, 1024.0, 1536.0, 4096.0]), 0) / [256, 1024, 1536, 4096]
+    assert per_token[2] < per_token[0] and per_token[3] > 1.5 * per_token[2]  # flat, then steep
+    tiles = STRESS_SURFACES["tiles256"]
+    assert tiles.time_ms(257, 0) == pytest.approx(tiles.time_ms(512, 0)) and tiles.time_ms(256, 0) < tiles.time_ms(
+        257, 0
+    )
+    line = knee.time_ms(2048, 0) + (knee.time_ms(4096, 0) - knee.time_ms(2048, 0)) / 2048 * (64 - 2048)
+    assert knee.time_ms(64, 0) < line  # small chunks are cheaper than the line through large ones
+    switch = STRESS_SURFACES["attn-switch"]
+    assert switch.time_ms(1024, 24_576) - switch.time_ms(1024, 24_575) > 0.1 * switch.pair_ms * 1024 * 24_576
+
+
+def test_an_unknown_stress_surface_lists_the_known_ones():
+    with pytest.raises(ValueError, match="cache, knee"):
+        load_surface("stress:spiky")
+
+
+# ---------------------------------------------------------------- surface files are untrusted input
+def write_csv(tmp_path, rows, header="chunk_tokens,history_tokens,latency_ms", prefix=""):
+    path = tmp_path / "surface.csv"
+    path.write_text(prefix + header + "\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("256,0,5e-324", "surface.csv:3: latency_ms"),
+        ("256,0,1e-300", "surface.csv:3: latency_ms"),
+        ("256,0,1e30", "surface.csv:3: latency_ms"),
+        ("1e30,0,5.0", "surface.csv:3: chunk_tokens"),
+        ("256,1e30,5.0", "surface.csv:3: history_tokens"),
+        ("256,0,nan", "surface.csv:3: latency_ms"),
+        ("256.5,0,5.0", "surface.csv:3: chunk_tokens"),
+    ],
+)
+def test_a_value_no_device_measures_is_refused_naming_file_and_line(tmp_path, row, message):
+    path = write_csv(tmp_path, ["128,0,3.0", row, "512,0,9.0"])
+    with pytest.raises(ValueError, match=message):
+        load_surface(str(path))
+
+
+def test_a_csv_with_a_byte_order_mark_is_read_as_spreadsheet_tools_write_it(tmp_path):
+    rows = [f"{c},{h},{ms}" for c, h, ms in grid_points(TRUE)]
+    path = write_csv(tmp_path, rows, prefix="\ufeff")
+    assert load_surface(str(path)).time_ms(512, 4096) == pytest.approx(TRUE.time_ms(512, 4096))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("[" * 100_000 + "]" * 100_000, "profile.json: not a JSON profile"),
+        ('{"samples": [[256, 0, ' + "9" * 5000 + "]]}", "profile.json"),
+        ('{"samples": [[256, 0, 1.0], "x"]}', "samples\\[1\\]"),
+    ],
+)
+def test_a_broken_profile_json_is_refused_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "profile.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_surface(str(path))

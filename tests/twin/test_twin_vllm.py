@@ -13,7 +13,8 @@ from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.optimum import optimum
 from vllm_ascend_patchset.twin.pipeline import BatchRecord
 from vllm_ascend_patchset.twin.report import completeness_problems, figures_from_result
-from vllm_ascend_patchset.twin.surface import QuadraticSurface, load_surface
+from vllm_ascend_patchset.twin.surface import QuadraticSurface
+from vllm_ascend_patchset.twin.surface_files import load_surface
 from vllm_ascend_patchset.twin.tune import grid, tune
 from vllm_ascend_patchset.twin.workloads import long_prompt, mixed
 
@@ -136,7 +137,7 @@ def test_fixed_policy_is_vllms_fixed_chunking_and_matches_the_closed_form(runs):
     records = [BatchRecord.from_json(b) for b in result["batches"] if b["chunks"]]
     chunks = [c.chunk_tokens for r in records for c in r.chunks]
     assert chunks == [CHUNK] * (LONG.requests[0].prompt_tokens // CHUNK)
-    times = [COEFFS.request_ms(CHUNK, i * CHUNK) for i in range(len(chunks))]
+    times = [COEFFS.time_ms(CHUNK, i * CHUNK) for i in range(len(chunks))]
     expected = sum(times) / 2 + times[-1] / 2
     assert figures_from_result(result, 2).ttft_mean_ms == pytest.approx(expected)
 
@@ -184,7 +185,12 @@ def test_gate_ours_is_within_3_percent_of_the_optimum_and_never_slower_than_upst
     setup = GATES[case]
     upstream, ours = (figures_from_result(r, setup.num_stages) for r in runs[case])
     assert ours.problems == () and upstream.problems == ()
-    best = optimum(load_surface(setup.surface), GATE_PROMPT.requests[0].prompt_tokens, setup.num_stages)
+    best = optimum(
+        load_surface(setup.surface),
+        GATE_PROMPT.requests[0].prompt_tokens,
+        setup.num_stages,
+        max_chunk_tokens=GATE_CHUNK,
+    )
     assert best.certified
     assert ours.ttft_mean_ms <= 1.03 * best.lower_ms
     assert ours.ttft_mean_ms <= upstream.ttft_mean_ms

@@ -25,8 +25,9 @@ well one functional form fits it:
    granule, and chunks are then whole multiples of it (core/cpp_chunk_rule.py).
 4. **The fallback is never the worst choice**: when a profile stays broken,
    the scheduler runs the fixed chunk that is best for the reference prompt on what the
-   valid samples measured (``best_fixed_chunk``), or, if nothing valid is left,
-   upstream's behaviour (fixed chunks of ``max_num_batched_tokens``).
+   valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
+   either side of a fall), or, if nothing valid is left, upstream's behaviour (fixed
+   chunks of ``max_num_batched_tokens``).
 
 Pure Python and numpy: no vLLM, no I/O.
 """
@@ -76,21 +77,43 @@ def _valid(samples: Iterable[object]) -> tuple[list[tuple[int, int, float]], int
     return valid, dropped
 
 
-def _falls(points: Sequence[Point], tolerance: float) -> list[str]:
-    """Adjacent points, along the chunk sizes of a history or the histories of a chunk size, whose time falls."""
+def _falls(points: Sequence[Point], tolerance: float) -> tuple[list[str], set[int], set[int]]:
+    """Adjacent points, along the chunk sizes of a history or the histories of a chunk size, whose time falls.
+
+    Returns the descriptions, and the chunk sizes and histories either side of a fall
+    (which of the two is wrong the data cannot tell).
+    """
     by_key = {(p.chunk_tokens, p.history_tokens): p.median_ms for p in points}
     chunks = sorted({p.chunk_tokens for p in points})
     histories = sorted({p.history_tokens for p in points})
-    falls = []
-    for axis, others, key in ((chunks, histories, lambda a, o: (a, o)), (histories, chunks, lambda a, o: (o, a))):
+    falls: list[str] = []
+    bad_chunks: set[int] = set()
+    bad_histories: set[int] = set()
+    for along_chunks, axis, others in ((True, chunks, histories), (False, histories, chunks)):
         for other in others:
-            line = [(a, by_key[key(a, other)]) for a in axis if key(a, other) in by_key]
-            for (a0, t0), (a1, t1) in zip(line, line[1:]):
+            keys = [(a, other) if along_chunks else (other, a) for a in axis]
+            line = [(key, by_key[key]) for key in keys if key in by_key]
+            for (k0, t0), (k1, t1) in zip(line, line[1:], strict=False):
                 if t1 < t0 * (1.0 - tolerance):
-                    c0, h0 = key(a0, other)
-                    c1, h1 = key(a1, other)
-                    falls.append(f"({c1}, {h1}) takes {t1:.4g} ms, {1 - t1 / t0:.0%} less than ({c0}, {h0})")
-    return falls
+                    falls.append(f"{k1} takes {t1:.4g} ms, {1 - t1 / t0:.0%} less than {k0}")
+                    if along_chunks:
+                        bad_chunks |= {k0[0], k1[0]}
+                    else:
+                        bad_histories |= {k0[1], k1[1]}
+    return falls, bad_chunks, bad_histories
+
+
+def _fallback_chunk(
+    points: Sequence[Point], bad_chunks: set[int], bad_histories: set[int], limits: ChunkLimits, num_stages: int,
+    prompt_tokens: int,
+) -> int | None:  # fmt: skip
+    """The best fixed chunk on the grid left once the sizes and histories either side of a fall are set aside."""
+    kept = [p for p in points if p.chunk_tokens not in bad_chunks and p.history_tokens not in bad_histories]
+    try:
+        model = LatencyModel.from_points(kept)
+    except FitError:
+        return None
+    return best_fixed_chunk(ChunkRule(model, limits, num_stages), prompt_tokens)
 
 
 def grid_part(points: Sequence[Point]) -> list[Point]:
@@ -187,12 +210,13 @@ def judge(
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
     tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
-    falls = _falls(points, tolerance)
+    falls, bad_chunks, bad_histories = _falls(points, tolerance)
     if falls:
         reason = f"broken profile: {len(falls)} time(s) fall as the chunk or history grows, e.g. {falls[0]}{note}"
         if not last_round:
             return Verdict(None, None, True, reason)
-        return Verdict(None, best_fixed_chunk(judged, prompt_tokens), False, reason, granule)
+        fallback = _fallback_chunk(points, bad_chunks, bad_histories, judged.limits, num_stages, prompt_tokens)
+        return Verdict(None, fallback, False, reason, granule)
     rounds = _rounds(valid)
     loss = 0.0
     if len(rounds) >= 2:

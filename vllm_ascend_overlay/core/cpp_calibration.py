@@ -4,20 +4,25 @@ The start-up profile measures single requests on dummy inputs; real steps mix re
 carry decodes and run on real data. Timed steps (the slowest stage's compute, the same
 quantity the profile measures) go into a window of the last ``window_size``. Every
 ``refit_every`` records, if the current model is off by more than ``CALIBRATED_ERROR``
-(mean relative error) on the window, a corrected table is made: each step's error,
-log(measured / predicted), is laid on the four grid points around its largest request
-(bilinear weights in log C and H) and every grid point moves by the weighted mean of
-what it received, shrunk towards no change by ``PRIOR_WEIGHT`` steps' worth of trust
-in the profile and bounded by ``max_shift``; the table is then made monotone again. So
-the model changes only where steps ran, by what they measured, and a series of odd
-steps (health checks) moves only the few points around them. The corrected table is
-adopted only if it halves the current model's error on the window. Pure Python and
-numpy: no vLLM, no I/O.
+(mean relative error) on the window, a corrected table is made from each step's error,
+log(measured / predicted):
+
+1. the whole table moves by the median error, when the window's steps differ in size or
+   history by at least ``MIN_WINDOW_SPREAD`` (a device slower than its profile, as real
+   data often makes it): steps of about one size cannot speak for the whole table;
+2. what is left of each step's error is laid on the four grid points around its largest
+   request (bilinear weights in log C and H), and every grid point moves by the weighted
+   mean of what it received, shrunk towards no change by ``PRIOR_WEIGHT`` steps' worth
+   of trust in the profile.
+
+Every point moves by at most ``max_shift``, and the table is made monotone again. So a
+series of odd steps (health checks) moves only the few points around them. The
+corrected table is adopted only if it halves the current model's error on the window.
+Pure Python and numpy: no vLLM, no I/O.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -26,11 +31,13 @@ from dataclasses import dataclass
 import numpy as np
 from vllm_ascend.core.cpp_latency_model import LatencyModel, batch_features, monotone_grid
 from vllm_ascend.core.cpp_samples import MAX_LATENCY_MS, MIN_LATENCY_MS, SampleError, check_sample
+from vllm_ascend.log_adapter import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 CALIBRATED_ERROR = 0.05  # a model within this mean error on the window is not corrected
 PRIOR_WEIGHT = 2.0  # a grid point trusts its profiled value as much as this many steps
+MIN_WINDOW_SPREAD = 2.0  # the whole table moves only on steps whose sizes or histories differ by this factor
 MIN_WINDOW = 8  # steps in the window before the first correction
 MAX_WINDOW = 4096
 
@@ -90,15 +97,16 @@ class OnlineCalibration:
         levels = np.array(model.history_tokens, dtype=np.float64)
         evidence = np.zeros((len(levels), len(nodes)))
         weight = np.zeros_like(evidence)
-        for row in self.window:
-            predicted = model.batch_time_ms(row.pairs)
+        errors = [math.log(row.measured_ms / model.batch_time_ms(row.pairs)) for row in self.window]
+        bound = math.log1p(self.max_shift)
+        whole = min(max(float(np.median(errors)), -bound), bound) if self._spread() else 0.0
+        for row, log_error in zip(self.window, errors, strict=True):
             chunk, history = max(row.pairs, key=lambda pair: model.request_ms(*pair))
-            log_error = math.log(row.measured_ms / predicted)
             x = min(max(math.log(max(chunk, 1)), nodes[0]), nodes[-1])
             i = min(int(np.searchsorted(nodes, x, side="right")) - 1, len(nodes) - 2)
             wx = (x - nodes[i]) / (nodes[i + 1] - nodes[i])
             if len(levels) == 1:
-                j, wy, rows = 0, 0.0, (0, 0)
+                wy, rows = 0.0, (0, 0)
             else:
                 y = min(max(float(history), levels[0]), levels[-1])
                 j = min(int(np.searchsorted(levels, y, side="right")) - 1, len(levels) - 2)
@@ -106,10 +114,9 @@ class OnlineCalibration:
                 rows = (j, j + 1)
             for level, w_level in ((rows[0], 1.0 - wy), (rows[1], wy)):
                 for node, w_node in ((i, 1.0 - wx), (i + 1, wx)):
-                    evidence[level, node] += w_level * w_node * log_error
+                    evidence[level, node] += w_level * w_node * (log_error - whole)
                     weight[level, node] += w_level * w_node
-        bound = math.log1p(self.max_shift)
-        shift = np.clip(evidence / (weight + PRIOR_WEIGHT), -bound, bound)
+        shift = np.clip(whole + evidence / (weight + PRIOR_WEIGHT), -bound, bound)
         grid = (np.array(model.step_ms) * np.exp(shift)).tolist()
         rows = monotone_grid(grid, [[1.0] * len(nodes) for _ in levels])
         fixed_ms = min(model.fixed_ms, rows[0][0])
@@ -122,6 +129,13 @@ class OnlineCalibration:
             num_points=model.num_points,
         )
 
+    def _spread(self) -> bool:
+        tokens = [sum(chunk for chunk, _ in row.pairs) for row in self.window]
+        histories = [max(history for _, history in row.pairs) for row in self.window]
+        return max(tokens) >= MIN_WINDOW_SPREAD * min(tokens) or max(histories) >= MIN_WINDOW_SPREAD * max(
+            1, min(histories)
+        )
+
     def _refit(self) -> LatencyModel | None:
         current_error = self.window_error(self.model)
         if current_error <= CALIBRATED_ERROR:
@@ -129,7 +143,9 @@ class OnlineCalibration:
         candidate = self.corrected()
         error = self.window_error(candidate)
         if not error <= current_error / 2:
-            logger.debug("[CPP] online correction not adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error)
+            logger.debug(
+                "[CPP] online correction not adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error
+            )
             return None
         self.model = candidate
         self.refits_adopted += 1

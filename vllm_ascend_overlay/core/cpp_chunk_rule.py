@@ -20,8 +20,9 @@ from the measured latency model t(C, H) (core/cpp_latency_model.py) alone:
    measured surface itself (a search over chunk sizes at a grid of histories, once per
    plan), so it follows a cache regime, a knee or a tile step wherever the profile saw
    one. Sizes within the profile's noise of the least cost count as equal (the smallest
-   is taken), and C* never falls as H grows. Where T binds, chunks shrink as history grows and batch times stay equal; where
-   C* binds (early in a prompt) chunk times rise, which costs the pipeline nothing.
+   is taken), and C* never falls as H grows. Where T binds, chunks shrink as history
+   grows and batch times stay equal; where C* binds (early in a prompt) chunk times
+   rise, which costs the pipeline nothing.
 2. A chunk is a whole multiple of the granule (1 unless the profile measured a tile
    step), at least the floor (``min_chunk``) and at most vLLM's token budget and what
    is left of the context; ``smooth_factor`` < 1 blends it towards the token budget. A
@@ -155,7 +156,9 @@ class ChunkRule:
         if limits.granule_tokens > 1:
             granule = limits.granule_tokens
             aligned = np.arange(granule, high + 1, granule, dtype=np.float64)
-            chunks = np.unique(np.concatenate([chunks[chunks < granule], aligned]))
+            aligned = aligned[aligned >= low]
+            if len(aligned):
+                chunks = np.unique(np.concatenate([chunks[chunks < granule], aligned]))
         starts = np.maximum(0.0, histories[:, None] - chunks[None, :] / 2)
         per_token = (fixed_ms + model.request_ms_many(chunks[None, :], starts)) / chunks[None, :]
         # Sizes whose cost per token is within the profile's noise of the least are as good as

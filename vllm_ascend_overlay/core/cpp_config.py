@@ -8,14 +8,14 @@ is checked at start-up, and a bad value is an error that names the key and the f
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_ascend.config_table import folder_path, parse_section, problem, raise_problems, setting
+from vllm_ascend.log_adapter import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 CONFIG_KEY = "profiling_chunk_config"
 DEFAULT_CACHE_DIR = "~/.cache/vllm_ascend/cpp"

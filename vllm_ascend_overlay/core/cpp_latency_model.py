@@ -16,7 +16,7 @@ within the noise is averaged away, not believed). Between the measured points:
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
 least 1 (never cheaper per token than measured); beyond the deepest level, the last two
-levels' slope (never falling).
+levels' slope per size, made non-decreasing in C (never falling, and still ordered in C).
 
 A step of several requests costs the step's fixed cost once plus each request's own
 cost: ``batch_time_ms = fixed_ms + sum_i request_ms(C_i, H_i)`` with ``request_ms =
@@ -76,9 +76,7 @@ def monotone_grid(grid: list[list[float]], weights: list[list[float]]) -> list[l
     non-decreasing).
     """
     rows = [_isotonic(row, w) for row, w in zip(grid, weights, strict=True)]
-    columns = [
-        _isotonic([row[i] for row in rows], [w[i] for w in weights]) for i in range(len(rows[0]))
-    ]
+    columns = [_isotonic([row[i] for row in rows], [w[i] for w in weights]) for i in range(len(rows[0]))]
     rows = [[columns[i][j] for i in range(len(columns))] for j in range(len(rows))]
     rows = [_isotonic(row, w) for row, w in zip(rows, weights, strict=True)]
     for j in range(1, len(rows)):
@@ -110,7 +108,7 @@ class LatencyModel:
         flat = [t for row in rows for t in row]
         if not all(math.isfinite(t) and t > 0 for t in flat):
             raise FitError("step times must be finite and > 0")
-        if any(b < a for row in rows for a, b in zip(row, row[1:])) or any(
+        if any(b < a for row in rows for a, b in zip(row, row[1:], strict=False)) or any(
             b < a for j in range(1, len(rows)) for a, b in zip(rows[j - 1], rows[j], strict=True)
         ):
             raise FitError("step times must not fall with chunk size or history (use LatencyModel.from_points)")
@@ -118,14 +116,18 @@ class LatencyModel:
             raise FitError(f"fixed_ms {self.fixed_ms!r} must be in [0, the smallest step's time]")
         if len(levels) == 1:  # one level: no history dependence; a copy makes the blend uniform
             levels, rows = (0, max(1, nodes[-1])), (rows[0], rows[0])
+        # Beyond the deepest level each size continues with the last levels' slope, made
+        # non-decreasing in C (attending to more history costs a larger chunk more), so the
+        # continued row stays ordered in C: a virtual level one spacing further holds it.
+        steps = np.maximum.accumulate(np.array(rows[-1]) - np.array(rows[-2]))
+        beyond = tuple((np.array(rows[-1]) + steps).tolist())
+        rows = (*rows, beyond)
+        levels = (*levels, 2 * levels[-1] - levels[-2])
         log_nodes = [math.log(c) for c in nodes]
-        log_rows = [[math.log(t) for t in row] for row in rows]
-        object.__setattr__(self, "_scalar", (list(map(float, nodes)), log_nodes, list(map(float, levels)), [list(r) for r in rows], log_rows))
-        object.__setattr__(
-            self,
-            "_vector",
-            (np.array(nodes, dtype=np.float64), np.array(log_nodes), np.array(levels, dtype=np.float64), np.array(rows, dtype=np.float64)),
-        )
+        scalar_rows = [list(r) for r in rows]
+        object.__setattr__(self, "_scalar", (list(map(float, nodes)), log_nodes, list(map(float, levels)), scalar_rows))
+        vector = (np.array(nodes, dtype=np.float64), np.array(log_nodes), np.array(levels, dtype=np.float64))
+        object.__setattr__(self, "_vector", (*vector, np.array(rows, dtype=np.float64)))
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -161,14 +163,17 @@ class LatencyModel:
 
     # ---------------------------------------------------------------- scalar questions
     def _level(self, history_tokens: float) -> tuple[list[float], list[float], float]:
-        _, _, levels, rows, _ = self._scalar
-        j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 2)
+        """The two rows around a history and the weight of the second (> 1 only beyond the last)."""
+        _, _, levels, rows = self._scalar
+        j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 3)
+        if history_tokens > levels[-2]:
+            j = len(levels) - 2  # the last measured level and the virtual one beyond it
         weight = max(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
         return rows[j], rows[j + 1], weight
 
     def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
         """Time of a step that runs only this chunk."""
-        nodes, log_nodes, *_ = self._scalar
+        nodes, log_nodes, _, _ = self._scalar
         low, high, weight = self._level(history_tokens)
         last = len(nodes) - 1
         i = min(max(bisect.bisect_right(nodes, chunk_tokens) - 1, 0), last - 1)
@@ -185,7 +190,7 @@ class LatencyModel:
 
     def chunk_for_time(self, history_tokens: float, time_ms: float) -> float:
         """The largest real C >= 0 with time_ms(C, H) <= time_ms (0 when not even the smallest fits)."""
-        nodes, log_nodes, *_ = self._scalar
+        nodes, log_nodes, _, _ = self._scalar
         low, high, weight = self._level(history_tokens)
         last = len(nodes) - 1
         lo_k, hi_k = -1, last + 1  # largest k with blended value <= time_ms, by bisection
@@ -227,7 +232,8 @@ class LatencyModel:
     # ---------------------------------------------------------------- vectorised questions
     def _rows_at(self, history_tokens: np.ndarray) -> np.ndarray:
         _, _, levels, rows = self._vector
-        j = np.clip(np.searchsorted(levels, history_tokens, side="right") - 1, 0, len(levels) - 2)
+        j = np.clip(np.searchsorted(levels, history_tokens, side="right") - 1, 0, len(levels) - 3)
+        j = np.where(history_tokens > levels[-2], len(levels) - 2, j)
         weight = np.maximum(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
         return rows[j] + weight[..., None] * (rows[j + 1] - rows[j])
 

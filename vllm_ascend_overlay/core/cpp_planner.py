@@ -111,7 +111,9 @@ def plan_target(
     costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
     best = int(np.argmin(costs))
     if not decoding:
-        target = _refine_for_few_chunks(rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient)
+        target = _refine_for_few_chunks(
+            rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient
+        )
         return Plan(target, fixed_ms, efficient)
     # Decodes ride in these batches and wait for each one: take the shortest batch that
     # does the prefills' work within DECODE_WORK_SLACK of the best target's.
@@ -135,7 +137,7 @@ def predicted_ttft_ms(
     target = np.asarray(targets, dtype=np.float64)[:, None, None]
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         chunk = rule.chunk_alone_many(histories[None, :, :], target, fixed_ms, efficient)
-        feasible = np.all(chunk > 0, axis=(1, 2))
+        # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
         chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
         # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
         # its time per token is what that stretch of the prompt costs.
@@ -145,7 +147,7 @@ def predicted_ttft_ms(
         chunk_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])
     largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
     mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (rule.num_stages - 1) * largest_ms
-    ok = feasible & np.isfinite(mean_ttft_ms) & np.all(work_ms > 0, axis=1)
+    ok = np.isfinite(mean_ttft_ms) & np.all(work_ms > 0, axis=1)
     return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms.sum(axis=1), np.inf)
 
 

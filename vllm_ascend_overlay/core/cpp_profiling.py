@@ -42,7 +42,6 @@ history_tokens))`` returns one latency in ms per worker (a list), or a single nu
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,8 +49,9 @@ from typing import Any
 from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES, Verdict, judge
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
+from vllm_ascend.log_adapter import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
@@ -78,6 +78,8 @@ def chunk_ladder(base_chunk_tokens: int, points: int) -> list[int]:
             middles.append(size * 3 // 2)
         size *= 2
     fixed = sorted({1, *powers, base})
+    if len(fixed) < 3:  # a tiny token budget: its quarters, so the model still has a shape
+        fixed = sorted({1, max(1, base // 4), max(1, base // 2), base})
     spare = max(0, points - len(fixed))
     kept = middles[len(middles) - spare :] if spare < len(middles) else middles
     ladder = sorted({*fixed, *kept})

@@ -75,7 +75,8 @@ def check_sample(sample: object) -> tuple[int, int, float]:
         raise SampleError(f"latency_ms {latency!r:.40} is not a forward pass's time") from None
     if not MIN_LATENCY_MS <= latency_ms <= MAX_LATENCY_MS:
         raise SampleError(
-            f"latency_ms {latency_ms!r} is not a forward pass's time (outside [{MIN_LATENCY_MS:g}, {MAX_LATENCY_MS:g}] ms)"
+            f"latency_ms {latency_ms!r} is not a forward pass's time "
+            f"(outside [{MIN_LATENCY_MS:g}, {MAX_LATENCY_MS:g}] ms)"
         )
     return chunk_tokens, history_tokens, latency_ms
 
@@ -102,21 +103,20 @@ class Point:
 def group_points(samples: Iterable[tuple[int, int, float]]) -> tuple[list[Point], float]:
     """One point per (C, H), sorted by (H, C), and the relative scatter between repeats.
 
-    The scatter is 1.4826 times the median of |sample / its point's median - 1| * sqrt(n / (n - 1))
-    over every sample of a point with n >= 2 repeats: the relative standard deviation of
-    one sample under Gaussian noise (the factor undoes the median's pull towards its own
-    samples; for two repeats it is exact), robust to a wild repeat. 0.0 when no point was
-    measured twice.
+    The scatter is the relative standard deviation of one sample, estimated robustly
+    from the differences between repeats of the same point: for Gaussian noise a
+    difference of two samples has deviation sigma * sqrt(2), whose median absolute value
+    is 0.6745 of it, so sigma = median(|a - b| / point median) / (0.6745 * sqrt(2)) over
+    every pair of repeats of every point measured more than once. A wild repeat moves a
+    median, not the estimate. 0.0 when no point was measured twice.
     """
     by_point: dict[tuple[int, int], list[float]] = {}
     for chunk, history, latency in samples:
         by_point.setdefault((chunk, history), []).append(latency)
-    points, deviations = [], []
+    points, differences = [], []
     for (chunk, history), values in sorted(by_point.items(), key=lambda item: (item[0][1], item[0][0])):
         median = statistics.median(values)
         points.append(Point(chunk, history, median, len(values)))
-        if len(values) > 1:
-            correction = math.sqrt(len(values) / (len(values) - 1))
-            deviations += [abs(value / median - 1.0) * correction for value in values]
-    scatter = 1.4826 * statistics.median(deviations) if deviations else 0.0
+        differences += [abs(a - b) / median for i, a in enumerate(values) for b in values[i + 1 :]]
+    scatter = statistics.median(differences) / (0.6745 * math.sqrt(2.0)) if differences else 0.0
     return points, scatter

@@ -39,7 +39,6 @@ predicted time until its model output is back.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -50,9 +49,10 @@ from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
+from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 
@@ -141,7 +141,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
                     num_stages,
                 )
             else:
-                logger.warning("[CPP] %s; fixed chunks of %d tokens (upstream's behaviour)", verdict.reason, base_tokens)
+                logger.warning(
+                    "[CPP] %s; fixed chunks of %d tokens (upstream's behaviour)", verdict.reason, base_tokens
+                )
             return
         rule = ChunkRule(verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), num_stages)
         self._cpp_budget = StepBudget(rule)
@@ -161,6 +163,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def cpp_rule(self) -> ChunkRule | None:
         """The chunk rule of the accepted latency model (None: fixed chunking)."""
         return None if self._cpp_budget is None else self._cpp_budget.rule
+
+    @property
+    def cpp_plan(self) -> Plan | None:
+        """The current plan: the batch-time target and what it was planned with (None: fixed chunking)."""
+        return None if self._cpp_budget is None else self._cpp_budget.plan
 
     @property
     def cpp_target_ms(self) -> float | None:

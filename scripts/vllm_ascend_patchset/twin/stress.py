@@ -75,7 +75,8 @@ class StressSurface:
         return float(self.time_ms_many(np.array([float(chunk_tokens)]), history_tokens)[0])
 
     def describe(self) -> str:
-        return f"stress:{self.name}: {self.mechanism} at {self.size_tokens:g} tokens on a per-step cost of {self.fixed_ms:g} ms"
+        mechanism = f"{self.mechanism} at {self.size_tokens:g} tokens"
+        return f"stress:{self.name}: {mechanism} on a per-step cost of {self.fixed_ms:g} ms"
 
 
 STRESS_SURFACES = {

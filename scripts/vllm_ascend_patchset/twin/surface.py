@@ -214,7 +214,8 @@ class GridSurface:
         chunks = sorted({c for lv in self.levels for c in lv.chunk_tokens})
         return (
             f"{self.name}: measured C {chunks[0]}..{chunks[-1]} at {len(self.levels)} history lengths "
-            f"{self.levels[0].history_tokens}..{self.levels[-1].history_tokens} ({sum(len(lv.chunk_tokens) for lv in self.levels)} points);"
+            f"{self.levels[0].history_tokens}..{self.levels[-1].history_tokens}"
+            f" ({sum(len(lv.chunk_tokens) for lv in self.levels)} points);"
             f" outside: {self.fit.describe()}"
         )
 

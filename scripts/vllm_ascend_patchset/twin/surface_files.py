@@ -95,7 +95,9 @@ def _points_from_profile(data: dict[str, Any], where: str) -> list[tuple[int, in
     points = []
     for i, sample in enumerate(samples):
         if not isinstance(sample, list | tuple) or len(sample) != 3:
-            raise ValueError(f"{where}: samples[{i}] must be [chunk_tokens, history_tokens, latency_ms]: {sample!r:.80}")
+            raise ValueError(
+                f"{where}: samples[{i}] must be [chunk_tokens, history_tokens, latency_ms]: {sample!r:.80}"
+            )
         points.append(measured_point(*sample, where=f"{where}: samples[{i}]"))
     return points
 

@@ -1,0 +1,121 @@
+"""judge: broken data is refused, noise never is, stability is judged on decisions, the fallback is the best
+fixed chunk."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, start_up_samples
+from vllm_ascend.core.cpp_acceptance import (
+    best_fixed_chunk,
+    detect_granule,
+    judge,
+    reference_prompt_tokens,
+    schedule_ttft_ms,
+)
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_samples import group_points
+
+MAX_HISTORY = 65_536
+LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=MAX_HISTORY + 8192)
+
+
+def verdict_on(samples, *, last_round=True, stages=4, limits=LIMITS):
+    return judge(samples, limits, stages, max_history_tokens=MAX_HISTORY, last_round=last_round)
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT, Tiles(128), Tiles(256)])
+def test_a_clean_profile_of_any_shape_is_accepted_at_once(truth):
+    verdict = verdict_on(start_up_samples(truth, noise=0.005), last_round=False)
+    assert verdict.model is not None and not verdict.noisy, verdict.reason
+
+
+@pytest.mark.parametrize("noise", [0.05, 0.1, 0.2])
+@pytest.mark.parametrize("truth", [TRUE, CPU_LIKE, BENT])
+def test_noise_alone_never_refuses_a_profile(truth, noise):
+    """After the last round the medians are the best estimate there is: noisy, not broken."""
+    for seed in range(3):
+        samples = start_up_samples(truth, noise=noise, seed=seed) + start_up_samples(truth, noise=noise, seed=seed + 10)
+        verdict = verdict_on(samples)
+        assert verdict.model is not None, verdict.reason
+
+
+def broken_samples():
+    """A profile whose 2048-token chunks took half as long as 1024-token ones: the device misbehaved."""
+    return [(c, h, t * (0.4 if c == 2048 else 1.0)) for c, h, t in start_up_samples(TRUE, noise=0.01)]
+
+
+def test_times_that_fall_beyond_the_scatter_are_broken_data_measured_again_then_refused():
+    first = verdict_on(broken_samples(), last_round=False)
+    assert first.model is None and first.noisy and "fall" in first.reason and "(2048, 0)" in first.reason
+    last = verdict_on(broken_samples())
+    assert last.model is None and not last.noisy
+    assert last.fixed_chunk_tokens is not None
+
+
+def test_the_fallback_is_the_best_fixed_chunk_for_the_reference_prompt_and_never_the_token_budget():
+    """Times fixed chunks on the truth for the reference prompt: the fallback is the best of them."""
+    verdict = verdict_on(broken_samples())
+    prompt = LIMITS.max_model_len
+
+    def ttft(chunk):
+        starts = np.arange(0, prompt, chunk)
+        times = [TRUE.time_ms(min(chunk, prompt - s), s) for s in starts]
+        return sum(times) + 3 * max(times)
+
+    sizes = [128, 256, 512, 1024, 4096, 8192]
+    best = min(ttft(c) for c in sizes)
+    assert ttft(verdict.fixed_chunk_tokens) <= 1.1 * best
+    assert ttft(verdict.fixed_chunk_tokens) < ttft(LIMITS.max_chunk_tokens)
+
+
+def test_best_fixed_chunk_picks_a_profiled_size_within_the_limits():
+    rule = ChunkRule(verdict_on(start_up_samples(CPU_LIKE)).model, LIMITS, 8)
+    chunk = best_fixed_chunk(rule, 100_000)
+    assert chunk in rule.model.chunk_tokens and LIMITS.floor_tokens <= chunk <= LIMITS.cap_tokens
+
+
+def test_samples_that_are_not_measurements_are_dropped_and_counted():
+    samples = start_up_samples(TRUE) + [(256, 0, 1e-320), (256, 0, float("nan")), ("123", 0, 1.0)]
+    verdict = verdict_on(samples)
+    assert verdict.model is not None and "3 sample(s) not measurements" in verdict.reason
+
+
+def test_nothing_valid_gives_upstream_behaviour():
+    verdict = verdict_on([(256, 0, 1e-320)] * 10)
+    assert verdict.model is None and verdict.fixed_chunk_tokens is None and not verdict.noisy
+
+
+def test_a_round_that_contradicts_the_others_where_the_decisions_are_asks_for_another_round():
+    clean = start_up_samples(CPU_LIKE, noise=0.0, repeats=1)
+    liar = [(c, h, t * (2.0 if 128 <= c <= 512 else 1.0)) for c, h, t in clean]
+    first = verdict_on(clean + liar, last_round=False)
+    assert first.noisy and "unstable decisions" in first.reason
+    assert verdict_on(clean + clean, last_round=False).model is not None
+    # Where no decision is made, a contradiction costs nothing and asks for nothing.
+    harmless = [(c, h, t * (1.5 if c == 1 and h > 0 else 1.0)) for c, h, t in clean]
+    assert verdict_on(clean + harmless, last_round=False).model is not None
+
+
+@pytest.mark.parametrize("tile, noise", [(64, 0.002), (128, 0.01), (256, 0.01), (512, 0.01)])
+def test_the_tile_probe_finds_the_tile_a_device_steps_at(tile, noise):
+    verdict = verdict_on(start_up_samples(Tiles(tile), noise=noise))
+    assert verdict.granule_tokens == tile
+    assert f"every {tile} tokens" in verdict.reason
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT])
+def test_a_smooth_device_has_no_granule(truth):
+    assert verdict_on(start_up_samples(truth, noise=0.02)).granule_tokens == 1
+
+
+def test_a_jump_inside_the_scatter_is_not_a_tile():
+    points, _ = group_points(start_up_samples(Tiles(256), noise=0.0))
+    assert detect_granule(points, scatter=0.0) == 256
+    assert detect_granule(points, scatter=0.05) == 1  # a 12% step is within 4 sigmas of 5% noise
+
+
+def test_the_decisions_are_judged_on_a_prompt_that_fills_the_history_in_use():
+    rule = ChunkRule(verdict_on(start_up_samples(TRUE)).model, LIMITS, 4)
+    assert reference_prompt_tokens(rule, MAX_HISTORY) == LIMITS.max_model_len
+    assert schedule_ttft_ms(rule, rule.model, 10_000) > 0

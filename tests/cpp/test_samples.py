@@ -1,0 +1,88 @@
+"""One check for every profile sample, wherever it comes from; grouping into points and their scatter."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from vllm_ascend.core.cpp_samples import (
+    MAX_LATENCY_MS,
+    MIN_LATENCY_MS,
+    SampleError,
+    check_sample,
+    check_samples,
+    group_points,
+)
+
+
+@pytest.mark.parametrize(
+    "sample",
+    [(256, 0, 12.5), (1, 65_536, 3), (np.int64(512), np.int64(1024), np.float64(7.25)), [2048, 0, MAX_LATENCY_MS]],
+)
+def test_measurements_are_admitted_as_ints_and_a_float(sample):
+    chunk, history, latency = check_sample(sample)
+    assert (type(chunk), type(history), type(latency)) == (int, int, float)
+    assert (chunk, history, latency) == (int(sample[0]), int(sample[1]), float(sample[2]))
+
+
+@pytest.mark.parametrize(
+    "sample, names",
+    [
+        ((256, 0, 1e-320), "latency_ms"),  # a denormal: 1/latency overflows
+        ((256, 0, 5e-324), "latency_ms"),
+        ((256, 0, 0.0), "latency_ms"),
+        ((256, 0, -3.0), "latency_ms"),
+        ((256, 0, math.nan), "latency_ms"),
+        ((256, 0, math.inf), "latency_ms"),
+        ((256, 0, 1e308), "latency_ms"),
+        ((256, 0, 10**400), "latency_ms"),
+        ((256, 0, True), "latency_ms"),
+        ((256, 0, "12.5"), "latency_ms"),
+        ((256.0, 0, 12.5), "chunk_tokens"),  # a count written as a float was not written by the profiler
+        ((256.5, 0, 12.5), "chunk_tokens"),
+        ((True, 0, 12.5), "chunk_tokens"),
+        ((0, 0, 12.5), "chunk_tokens"),
+        ((10**4000, 0, 12.5), "chunk_tokens"),
+        ((256, -1, 12.5), "history_tokens"),
+        ((256, False, 12.5), "history_tokens"),
+        ((256, "8", 12.5), "history_tokens"),
+        ("123", "a sample is"),  # a string unpacked as three characters
+        ((256, 0), "a sample is"),
+        ({"chunk": 256}, "a sample is"),
+    ],
+)
+def test_anything_else_is_refused_naming_what_is_wrong(sample, names):
+    with pytest.raises(SampleError, match=names):
+        check_sample(sample)
+
+
+def test_a_bad_sample_in_a_list_is_named_by_its_index():
+    with pytest.raises(SampleError, match="sample 2: latency_ms"):
+        check_samples([(256, 0, 1.0), (512, 0, 2.0), (1024, 0, 1e-320)])
+
+
+def test_the_physical_range_is_a_microsecond_to_hours():
+    assert MIN_LATENCY_MS == 1e-3 and 3600e3 < MAX_LATENCY_MS < 24 * 3600e3
+
+
+def test_points_are_medians_of_their_repeats_sorted_by_history_then_chunk():
+    points, _ = group_points([(512, 0, 3.0), (256, 4096, 5.0), (256, 0, 1.0), (256, 0, 9.0), (256, 0, 2.0)])
+    assert [(p.chunk_tokens, p.history_tokens, p.median_ms, p.repeats) for p in points] == [
+        (256, 0, 2.0, 3),
+        (512, 0, 3.0, 1),
+        (256, 4096, 5.0, 1),
+    ]
+
+
+@pytest.mark.parametrize("sigma", [0.02, 0.1])
+@pytest.mark.parametrize("repeats", [2, 3])
+def test_the_scatter_estimates_the_noise_of_one_sample(sigma, repeats):
+    rng = np.random.default_rng(1)
+    samples = [(c, 0, 100.0 * (1 + sigma * rng.standard_normal())) for c in range(1, 301) for _ in range(repeats)]
+    _, scatter = group_points(samples)
+    assert scatter == pytest.approx(sigma, rel=0.2)
+
+
+def test_no_repeats_no_scatter():
+    assert group_points([(256, 0, 1.0), (512, 0, 2.0)])[1] == 0.0

@@ -78,7 +78,11 @@ class ChunkLimits:
 
     @property
     def floor_tokens(self) -> int:
-        return max(1, min(self.min_chunk_tokens, self.max_chunk_tokens))
+        """At least ``min_chunk_tokens``, rounded up to the granule: a part of a tile costs a whole tile."""
+        floor = max(1, self.min_chunk_tokens)
+        if self.granule_tokens > 1:
+            floor = -(-floor // self.granule_tokens) * self.granule_tokens
+        return min(floor, max(1, self.max_chunk_tokens))
 
     @property
     def cap_tokens(self) -> int:

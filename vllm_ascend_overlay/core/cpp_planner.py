@@ -75,6 +75,7 @@ def plan_target(
     fixed_ms: float | None = None,
     inflight_ms: float = 0.0,
     decoding: int = 0,
+    arrivals_per_ms: float = 0.0,
 ) -> Plan:
     """The plan whose target minimises the predicted mean TTFT of ``prefills`` (see the module docstring).
 
@@ -88,25 +89,25 @@ def plan_target(
     fixed_ms = model.fixed_ms if fixed_ms is None else max(float(fixed_ms), model.fixed_ms)
     if not math.isfinite(fixed_ms):
         fixed_ms = model.fixed_ms
-    efficient = rule.efficient_chunks(fixed_ms)
+    efficient = rule.efficient_chunks()
     held = [(max(0, int(h)), int(r)) for h, r in prefills if r > 0][:PLAN_MAX_PREFILLS]
     low, high = target_bounds(rule, held, fixed_ms)
     if not held or high <= low * (1.0 + 1e-6):
         return Plan(high, fixed_ms, efficient)
     if decoding:
         # Decodes wait for every batch: none longer than the next batch of the best fixed chunk.
-        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, fixed_ms, inflight_ms)))
+        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, fixed_ms, inflight_ms, arrivals_per_ms)))
         if high <= low * (1.0 + 1e-6):
             return Plan(high, fixed_ms, efficient)
     candidates = low * (high / low) ** _GRID_STEPS
-    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient)
+    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, arrivals_per_ms)
     best = int(np.argmin(costs))
     if not np.isfinite(costs[best]):
         return Plan(high, fixed_ms, efficient)
     # Refine between the neighbours of the best candidate.
     lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
     fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
-    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient)
+    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, arrivals_per_ms)
     candidates = np.concatenate([candidates, fine])
     costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
     best = int(np.argmin(costs))
@@ -121,6 +122,17 @@ def plan_target(
     return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
 
 
+def mean_ttft(work_ms: np.ndarray, drain_ms: np.ndarray, arrivals_per_ms: float) -> np.ndarray:
+    """Mean TTFT of the held prefills (FCFS: the work of prefills 1..j, then the drain) and of the requests
+    expected to arrive while they run (at ``arrivals_per_ms``): those wait for half the held work on
+    average, then do their own work and drain. The more requests arrive, the more the pipeline's
+    throughput counts against the fill and drain of any one prompt."""
+    total_ms, count = work_ms.sum(axis=1), work_ms.shape[1]
+    future = arrivals_per_ms * total_ms
+    future_ms = future * (total_ms / 2 + total_ms / count + drain_ms)
+    return (np.cumsum(work_ms, axis=1).sum(axis=1) + count * drain_ms + future_ms) / (count + future)
+
+
 def predicted_ttft_ms(
     rule: ChunkRule,
     held: Sequence[tuple[int, int]],
@@ -128,6 +140,7 @@ def predicted_ttft_ms(
     fixed_ms: float,
     inflight_ms: float,
     efficient: EfficientChunks,
+    arrivals_per_ms: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
     model = rule.model
@@ -146,13 +159,13 @@ def predicted_ttft_ms(
         work_ms = (per_token_ms @ _SIMPSON) * remaining  # (targets, prefills)
         chunk_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])
     largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
-    mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (rule.num_stages - 1) * largest_ms
+    mean_ttft_ms = mean_ttft(work_ms, (rule.num_stages - 1) * largest_ms, arrivals_per_ms)
     ok = np.isfinite(mean_ttft_ms) & np.all(work_ms > 0, axis=1)
     return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms.sum(axis=1), np.inf)
 
 
 def fixed_chunk_batch_ms(
-    rule: ChunkRule, held: Sequence[tuple[int, int]], fixed_ms: float, inflight_ms: float
+    rule: ChunkRule, held: Sequence[tuple[int, int]], fixed_ms: float, inflight_ms: float, arrivals_per_ms: float
 ) -> float:
     """The next batch's time under the fixed chunk that would give ``held`` the least predicted mean TTFT.
 
@@ -174,7 +187,7 @@ def fixed_chunk_batch_ms(
     per_token_ms = (fixed_ms + model.request_ms_many(chunk, covering)) / chunk
     work_ms = (per_token_ms @ _SIMPSON) * remaining
     largest_ms = np.maximum(batch_ms.max(axis=(1, 2)), inflight_ms)
-    mean_ttft_ms = np.cumsum(work_ms, axis=1).mean(axis=1) + (rule.num_stages - 1) * largest_ms
+    mean_ttft_ms = mean_ttft(work_ms, (rule.num_stages - 1) * largest_ms, arrivals_per_ms)
     return float(batch_ms[int(np.argmin(mean_ttft_ms)), 0, 0])
 
 

@@ -39,6 +39,8 @@ predicted time until its model output is back.
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -92,6 +94,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_batches: dict[int, CppBatch] = {}  # id(SchedulerOutput) -> its plan, until its output
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
+        self._cpp_arrivals: deque[float] = deque(maxlen=16)  # arrival times (s) of the latest requests
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -255,10 +258,27 @@ class ProfilingChunkScheduler(BalanceScheduler):
         share = 1.0 if isinstance(self, AsyncScheduler) else 1.0 / rule.num_stages
         decode_ms = share * sum(rule.model.decode_ms(history) for history in decoding)
         plan: Plan = rule.plan_target(
-            held, fixed_ms=rule.model.fixed_ms + decode_ms, inflight_ms=inflight_ms, decoding=len(decoding)
+            held,
+            fixed_ms=rule.model.fixed_ms + decode_ms,
+            inflight_ms=inflight_ms,
+            decoding=len(decoding),
+            arrivals_per_ms=self._cpp_arrivals_per_ms(),
         )
         budget.plan = plan
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
+
+    def add_request(self, request: Any) -> None:
+        super().add_request(request)
+        arrival = getattr(request, "arrival_time", None)
+        if isinstance(arrival, int | float) and math.isfinite(arrival):
+            self._cpp_arrivals.append(float(arrival))
+
+    def _cpp_arrivals_per_ms(self) -> float:
+        """Requests arriving per millisecond, over the latest arrivals."""
+        arrivals = sorted(self._cpp_arrivals)
+        if len(arrivals) < 4 or arrivals[-1] <= arrivals[0]:
+            return 0.0
+        return (len(arrivals) - 1) / ((arrivals[-1] - arrivals[0]) * 1000.0)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:

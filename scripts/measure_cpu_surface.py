@@ -16,6 +16,19 @@ default a latency is the CPU time of the single compute thread: on a shared two-
 machine wall time mostly measures the other processes.
 
     .venv/bin/python scripts/measure_cpu_surface.py --out tests/data/cpu_surface.csv
+
+The other two committed surfaces change the model's width and depth, on a full grid
+(every chunk size at every history, 3 repeats; about 12 and 22 minutes):
+
+    SIZES="64 96 128 192 256 384 512 768 1024 1280 1536 1792 2048"
+    .venv/bin/python scripts/measure_cpu_surface.py --out tests/data/cpu_surface_wide.csv \
+        --startup-chunks $SIZES --chunks $SIZES --histories 1024 2048 4096 6144 8192 12288 16384 \
+        --repeats 3 --hidden-size 1024 --num-layers 2 --num-heads 8 --num-kv-heads 2 --head-dim 128 \
+        --intermediate-size 3072
+    .venv/bin/python scripts/measure_cpu_surface.py --out tests/data/cpu_surface_deep.csv \
+        --startup-chunks $SIZES --chunks $SIZES --histories 1024 2048 4096 6144 8192 12288 16384 \
+        --repeats 3 --hidden-size 384 --num-layers 6 --num-heads 6 --num-kv-heads 2 --head-dim 64 \
+        --intermediate-size 1024
 """
 
 from __future__ import annotations

@@ -272,3 +272,21 @@ def test_tune_exits_non_zero_when_a_setting_failed(monkeypatch, capsys):
     argv = ["--surface", "synthetic", "--tune", "--policies", "upstream", "--workload", "long:1k", "--stages", "2"]
     assert main([*argv, "--tune-base-chunks", "4096", "--tune-smooth-factors", "0.5,1"]) == 1
     assert "1 setting(s) failed or ran incomplete: upstream-base4096-smooth0.5" in capsys.readouterr().err
+
+
+def test_a_json_path_that_is_not_a_file_is_refused_before_any_worker(capsys, no_workers):
+    assert main(["--surface", "synthetic", "--json", "/dev/full"]) == 2
+    assert "--json /dev/full: not a regular file" in capsys.readouterr().err
+
+
+def test_the_json_is_written_whole_or_not_at_all_and_a_failure_keeps_the_tables(tmp_path, monkeypatch, capsys):
+    from vllm_ascend_patchset.twin import command
+
+    target = tmp_path / "figures.json"
+    target.write_text("previous figures")
+    monkeypatch.setattr(command.json, "dump", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left")))
+    assert not command._write_json(target, [{"a": 1}])
+    assert target.read_text() == "previous figures" and [p.name for p in tmp_path.iterdir()] == ["figures.json"]
+    assert "could not write (No space left)" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert command._write_json(target, [{"a": 1}]) and json.loads(target.read_text()) == [{"a": 1}]

@@ -54,6 +54,23 @@ GATES = {
     for name, spec in (("cpu", CPU_SURFACE), ("synthetic", "synthetic"))
     for stages in (2, 4)
 }
+# Surfaces a quadratic cannot follow: measured on this CPU at other widths and depths, and the
+# stress family (twin/stress.py); one prompt at P = 4. And short prompts on deep pipelines.
+DATA = pol.ROOT / "tests" / "data"
+GATES.update(
+    {
+        f"gate-{name}-p4": pol.Setup(spec, 4, GATE_PROMPT)
+        for name, spec in (
+            ("wide", str(DATA / "cpu_surface_wide.csv")),
+            ("deep", str(DATA / "cpu_surface_deep.csv")),
+            ("cache", "stress:cache"),
+            ("tiles256", "stress:tiles256"),
+            ("knee", "stress:knee"),
+            ("attn-switch", "stress:attn-switch"),
+        )
+    }
+)
+GATES.update({f"gate-short-{stages}": pol.Setup("synthetic", stages, long_prompt(4096)) for stages in (8, 16)})
 # Uneven stages (the last one lighter): the profile and the timed steps measure the slowest stage.
 UNEVEN = pol.Setup(SURFACE, 2, long_prompt(48 * 1024), layers=(18, 14))
 
@@ -185,14 +202,12 @@ def test_gate_ours_is_within_3_percent_of_the_optimum_and_never_slower_than_upst
     setup = GATES[case]
     upstream, ours = (figures_from_result(r, setup.num_stages) for r in runs[case])
     assert ours.problems == () and upstream.problems == ()
-    best = optimum(
-        load_surface(setup.surface),
-        GATE_PROMPT.requests[0].prompt_tokens,
-        setup.num_stages,
-        max_chunk_tokens=GATE_CHUNK,
-    )
+    prompt_tokens = setup.workload.requests[0].prompt_tokens
+    best = optimum(load_surface(setup.surface), prompt_tokens, setup.num_stages, max_chunk_tokens=GATE_CHUNK)
     assert best.certified
-    assert ours.ttft_mean_ms <= 1.03 * best.lower_ms
+    # Within 3% of the least TTFT any chunking reaches, or ahead of the best chunking the engine,
+    # which keeps at most P batches in flight, can run.
+    assert ours.ttft_mean_ms <= 1.03 * best.lower_ms or ours.ttft_mean_ms <= best.in_flight_ms
     assert ours.ttft_mean_ms <= upstream.ttft_mean_ms
 
 

@@ -16,8 +16,9 @@ token of the prefills the scheduler holds, given P stages:
    fill and drain term, and T does not drop for a gain it cannot have.
 3. When the first prefill needs few chunks (up to ``EXACT_MAX_CHUNKS``) counting chunks
    as a continuous quantity misjudges the last one, so the result is checked chunk by
-   chunk, by running the step budget itself, against the targets at which its chunk
-   count steps, where the best target lies.
+   chunk, by running the step budget itself and the batches through P stages with at
+   most P in flight (``pipeline_done_ms``), against the targets at which its chunk count
+   steps, where the best target lies.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the time of the next batch
    under the fixed chunk that would serve the same prefills best (the chunk a user would
@@ -191,6 +192,21 @@ def fixed_chunk_batch_ms(
     return float(batch_ms[int(np.argmin(mean_ttft_ms)), 0, 0])
 
 
+def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:
+    """When each batch leaves the last of P stages: each spends its time on every stage, a stage
+    takes the batches in order, and at most P batches are in flight (a batch enters the first stage
+    only once the batch P places ahead has left the last), as vLLM's engine runs them."""
+    free_ms = [0.0] * num_stages
+    done_ms: list[float] = []
+    for index, time_ms in enumerate(batch_ms):
+        ready_ms = done_ms[index - num_stages] if index >= num_stages else 0.0
+        for stage in range(num_stages):
+            ready_ms = max(ready_ms, free_ms[stage]) + time_ms
+            free_ms[stage] = ready_ms
+        done_ms.append(ready_ms)
+    return done_ms
+
+
 def prefill_chunk_ms(rule: ChunkRule, plan: Plan, history: int, remaining: int, limit: int) -> list[float]:
     """The batch times of one prefill scheduled alone, step by step by ``StepBudget`` (at most ``limit``)."""
     budget = StepBudget(rule, plan)
@@ -226,16 +242,16 @@ def _refine_for_few_chunks(
         return Plan(target, fixed_ms, efficient)
 
     def exact_cost(target: float) -> tuple[float, int]:
-        total, cumulative, largest, first_chunks = 0.0, 0.0, inflight_ms, 0
+        times, ends, first_chunks = [inflight_ms] if inflight_ms > 0 else [], [], 0
         for history, remaining in held:
-            times = prefill_chunk_ms(rule, plan(target), history, remaining, EXACT_MAX_CHUNKS)
-            if not times:
+            chunk_ms = prefill_chunk_ms(rule, plan(target), history, remaining, EXACT_MAX_CHUNKS)
+            if not chunk_ms:
                 return math.inf, EXACT_MAX_CHUNKS + 1
-            first_chunks = first_chunks or len(times)
-            cumulative += sum(times)
-            total += cumulative
-            largest = max(largest, *times)
-        return total / len(held) + (rule.num_stages - 1) * largest, first_chunks
+            first_chunks = first_chunks or len(chunk_ms)
+            times += chunk_ms
+            ends.append(len(times) - 1)
+        done_ms = pipeline_done_ms(times, rule.num_stages)
+        return sum(done_ms[end] for end in ends) / len(ends), first_chunks
 
     first_history, first_remaining = held[0]
 

@@ -85,14 +85,27 @@ def _check_writable(path: Path, option: str, *, folder: bool) -> None:
             path.mkdir(parents=True, exist_ok=True)
             tempfile.TemporaryFile(dir=path).close()
         else:
-            existed = path.exists()
+            if path.exists() and not path.is_file():
+                raise ValueError(f"{option} {path}: not a regular file; give a file path for the JSON")
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a"):
-                pass
-            if not existed:
-                path.unlink()
+            tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp").close()
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot write there ({exc.strerror or exc}); give a writable path") from None
+
+
+def _write_json(path: Path, dump: list) -> bool:
+    """Write the figures beside the file and rename them into place; on failure say so (the tables are printed)."""
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    try:
+        with handle:
+            json.dump(dump, handle, indent=1)
+        Path(handle.name).replace(path)
+    except OSError as exc:
+        Path(handle.name).unlink(missing_ok=True)
+        print(f"cpp-twin: error: --json {path}: could not write ({exc.strerror or exc}); the tables above hold the figures",
+              file=sys.stderr)  # fmt: skip
+        return False
+    return True
 
 
 def validate_args(args: argparse.Namespace) -> None:
@@ -318,9 +331,8 @@ def _run(args: argparse.Namespace) -> int:
 
             for path in plot_case(args.plot, setup, results, rows, args.chunk):
                 print(f"  wrote {path}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(dump, indent=1))
+    if args.json and not _write_json(args.json, dump):
+        return 1
     if problems:
         print(f"cpp-twin: {len(problems)} problem(s); these figures are not to be trusted:", file=sys.stderr)
         for problem in problems:

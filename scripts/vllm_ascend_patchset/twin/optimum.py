@@ -60,15 +60,19 @@ class Optimum:
 
 
 @functools.lru_cache(maxsize=2)
-def _rows(surface: Surface, prompt_tokens: int, max_units: int) -> list[np.ndarray]:
-    """rows[s][k]: time of a chunk of (k + 1) grid units starting at grid position s (made non-decreasing)."""
+def _rows(surface: Surface, prompt_tokens: int, max_units: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """rows[s]: the times of chunks of 1, 2, ... grid units starting at grid position s, and their running maximum.
+
+    A measured surface may dip where its medians did: the times are the surface's own (a
+    dip is a chunk any policy may take), the running maximum finds how far a cap reaches.
+    """
     units = -(-prompt_tokens // GRID_TOKENS)
     rows = []
     for start in range(units):
         history = start * GRID_TOKENS
         chunks = np.minimum(np.arange(1, min(units - start, max_units) + 1) * GRID_TOKENS, prompt_tokens - history)
         times = np.asarray(surface.time_ms_many(chunks, history), dtype=np.float64)
-        rows.append(np.maximum.accumulate(times))
+        rows.append((times, np.minimum.accumulate(times[::-1])[::-1]))
     return rows
 
 
@@ -81,11 +85,12 @@ def _least_sum(rows: Sequence[np.ndarray], cap_ms: float, with_path: bool) -> tu
         here = best[start]
         if not math.isfinite(here):
             continue
-        row = rows[start]
-        reach = int(np.searchsorted(row, cap_ms, side="right"))
+        row, least_after = rows[start]
+        # Beyond the last chunk within the cap, every chunk exceeds it: the least time from there on does.
+        reach = int(np.searchsorted(least_after, cap_ms, side="right"))
         if reach == 0:
             continue
-        candidate = here + row[:reach]
+        candidate = here + np.where(row[:reach] <= cap_ms, row[:reach], np.inf)
         window = best[start + 1 : start + 1 + reach]
         if with_path:
             better = candidate < window
@@ -149,8 +154,8 @@ def optimum(
     def bound(cap_ms: float) -> float:
         return least(cap_ms) / num_stages + (num_stages - 1) * cap_ms / num_stages
 
-    low_cap = float(min(row[0] for row in rows))
-    high_cap = float(max(row[-1] for row in rows))
+    low_cap = float(min(row.min() for row, _ in rows))
+    high_cap = float(max(row.max() for row, _ in rows))
     caps = list(np.geomspace(low_cap, high_cap, 48)) if high_cap > low_cap else [high_cap]
     best = min(bound(cap) for cap in caps)
     intervals = list(zip(caps[:-1], caps[1:], strict=True))

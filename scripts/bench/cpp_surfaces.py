@@ -64,7 +64,7 @@ def run_surface(spec: str, bases: list[int], prompts: list[int], stages: list[in
                 ttft[result["policy"]["kind"], result["policy"]["name"]] = figures_from_result(
                     result, num_stages
                 ).ttft_mean_ms
-        best = optimum(surface, prompt, num_stages, max_chunk_tokens=base)
+        best = optimum(surface, prompt, num_stages, base_chunk_tokens=base)
         fixed = min(ms for (kind, _), ms in ttft.items() if kind == "fixed")
         ours = next((ms for (kind, _), ms in ttft.items() if kind == "ours"), float("nan"))
         upstream = next((ms for (kind, _), ms in ttft.items() if kind == "upstream"), float("nan"))

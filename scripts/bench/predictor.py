@@ -5,14 +5,14 @@ Prints tables; asserts nothing. Upstream's ``ChunkSizePredictor`` is loaded by p
 the pristine pinned tree in the build cache (never committed) under another module
 name; it imports only math, numpy and ``vllm.logger``.
 
-1. Fit error: every model is fitted on the H = 0 samples plus the ``--fit-histories``
-   levels (upstream's start-up model sees the H = 0 samples only, as at start-up;
-   upstream's online ``fit_chunk`` sees at most its 30 points) and scored by MAPE on the
-   held-out medians.
+1. Prediction error: ours is the measured table of the H = 0 samples plus the
+   ``--fit-histories`` levels; upstream's start-up model is fitted on the H = 0 samples
+   only, as at start-up; upstream's online ``fit_chunk`` sees at most its 30 points;
+   each is scored by MAPE on the held-out medians.
 2. Chunk time spread over a ``--prompt-tokens`` prefill: each predictor chunks the
-   prompt; every chunk's time is taken from a reference model fitted on the whole
-   surface (the best estimate of the truth we have; past the measured history it
-   extrapolates), reported as max/min and coefficient of variation.
+   prompt; every chunk's time is taken from a reference model of the whole surface (the
+   best estimate of the truth we have; past the measured history it continues the last
+   slope), reported as max/min and coefficient of variation.
 3. With ``--measure-prompt N``: the same chunkings of an N-token prompt run on the CPU
    model of scripts/measure_cpu_surface.py, every chunk timed (the real spread).
 4. Cost of one ``wanted_chunk`` (ours, per step) or ``predict`` (upstream) call, and of one
@@ -49,6 +49,12 @@ def load_ours():
     from vllm_ascend.core import profiling_chunk_predictor
 
     return profiling_chunk_predictor
+
+
+def grid_part(points):
+    from vllm_ascend.core.cpp_acceptance import grid_part as part
+
+    return part(points)
 
 
 def load_upstream():
@@ -159,9 +165,14 @@ def main(argv=None) -> int:
     held_out = {k: v for k, v in medians(samples).items() if k[1] not in fit_levels}
     startup = [s for s in samples if s[1] == 0]
 
-    our_model = ours.LatencyModel.fit(*zip(*fit_samples, strict=True))
-    our_startup = ours.LatencyModel.fit(*zip(*startup, strict=True))
-    reference = ours.LatencyModel.fit(*zip(*samples, strict=True))
+    def measured(rows):
+        """Ours: the model of the grid the samples measured (every size at every history)."""
+        points, scatter = ours.group_points(rows)
+        return ours.LatencyModel.from_points(grid_part(points), scatter)
+
+    our_model = measured(fit_samples)
+    our_startup = measured(startup)
+    reference = measured(samples)
 
     up_startup = upstream.ChunkSizePredictor(smooth_factor=args.smooth_factor, min_chunk=args.min_chunk)
     up_startup.fit([c for c, _, _ in startup], [ms for _, _, ms in startup])
@@ -184,12 +195,12 @@ def main(argv=None) -> int:
     )
     print(f"{'model':<48} {'held-out MAPE':>14}")
     table = [
-        ("ours, 5-term fit (H=0 + fit levels)", our_model.time_ms),
-        ("ours, start-up form only (H=0)", our_startup.time_ms),
+        ("ours, measured table (H=0 + fit levels)", our_model.time_ms),
+        ("ours, H=0 only (continued flat in H)", our_startup.time_ms),
         ("upstream start-up f(H+C)-f(H)  (its get_time)", lambda c, h: up_startup.get_time(c, h)),
         ("upstream start-up f(H+C)-f(H)+c", lambda c, h: up_startup.get_time(c, h) + up_c),
         (f"upstream online a*C(C+H)+b(C+H)+c ({len(rows)} pts)", lambda c, h: up_online.get_time_with_history(c, h)),
-        ("reference (ours fitted on every point)", reference.time_ms),
+        ("reference (ours on every level)", reference.time_ms),
     ]
     for name, predict in table:
         print(f"{name:<48} {mape(predict, held_out):>13.1f}%")
@@ -197,7 +208,7 @@ def main(argv=None) -> int:
     page = args.page_size
     longest_prompt = max(args.prompt_tokens)
     limits = ours.ChunkLimits(
-        max_chunk_tokens=args.base_chunk,
+        base_chunk_tokens=args.base_chunk,
         max_model_len=longest_prompt + args.base_chunk,
         min_chunk_tokens=args.min_chunk,
         smooth_factor=args.smooth_factor,
@@ -205,10 +216,8 @@ def main(argv=None) -> int:
     our_rule = ours.ChunkRule(our_model, limits, args.stages)
 
     def our_chunking(prompt_tokens):
-        target_ms = our_rule.plan_target([(0, prompt_tokens)])
-        return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(
-            history_tokens, remaining_tokens, target_ms
-        )
+        plan = our_rule.plan_target([(0, prompt_tokens)])
+        return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(history_tokens, remaining_tokens, plan)
 
     def upstream_next(predictor, with_history):
         predict = predictor.predict_with_history if with_history else predictor.predict
@@ -255,8 +264,8 @@ def main(argv=None) -> int:
         return best / (20 * calls) * 1e6
 
     print(f"\ncost of one call (best of 5 x 20 x {calls} calls)")
-    target_ms = our_rule.plan_target([(0, longest_prompt)])
-    print(f"{'ours wanted_chunk':<48} {per_call_us(lambda h: our_rule.wanted_chunk(h, 50_000, target_ms)):>8.2f} us")
+    plan = our_rule.plan_target([(0, longest_prompt)])
+    print(f"{'ours wanted_chunk':<48} {per_call_us(lambda h: our_rule.wanted_chunk(h, 50_000, plan)):>8.2f} us")
     print(f"{'ours chunk_within':<48} {per_call_us(lambda h: our_rule.chunk_within(h, 100.0, 50_000)):>8.2f} us")
     plan_us = min(timeit.repeat(lambda: our_rule.plan_target([(0, longest_prompt)]), number=5, repeat=3)) / 5 * 1e6
     print(f"{'ours plan_target (once per change of prefills)':<48} {plan_us:>8.1f} us")

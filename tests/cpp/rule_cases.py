@@ -49,18 +49,18 @@ def table(truth, base_chunk_tokens: int, max_history_tokens: int) -> LatencyMode
 
 @st.composite
 def rules(draw, smooth_factor=None, tail_tolerance=None, max_batch_ms=False, granule=False):
-    max_chunk_tokens = draw(st.integers(4, 32_768))
+    base_chunk_tokens = draw(st.integers(4, 32_768))
     max_model_len = draw(st.integers(1, 1_000_000))
     limits = ChunkLimits(
-        max_chunk_tokens=max_chunk_tokens,
+        base_chunk_tokens=base_chunk_tokens,
         max_model_len=max_model_len,
-        min_chunk_tokens=draw(st.integers(0, max_chunk_tokens)),
+        min_chunk_tokens=draw(st.integers(0, base_chunk_tokens)),
         smooth_factor=draw(SMOOTH_FACTORS) if smooth_factor is None else smooth_factor,
         tail_tolerance=draw(TAIL_TOLERANCES) if tail_tolerance is None else tail_tolerance,
         max_batch_ms=draw(MAX_BATCH_MS) if max_batch_ms else None,
         granule_tokens=draw(st.sampled_from([1, 64, 128, 256])) if granule else 1,
     )
-    model = table(draw(truths()), max_chunk_tokens, max(0, max_model_len - max_chunk_tokens))
+    model = table(draw(truths()), base_chunk_tokens, max(0, max_model_len - base_chunk_tokens))
     return ChunkRule(model, limits, draw(st.integers(1, 64)))
 
 

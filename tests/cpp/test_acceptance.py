@@ -17,7 +17,7 @@ from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_samples import group_points
 
 MAX_HISTORY = 65_536
-LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=MAX_HISTORY + 8192)
+LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=MAX_HISTORY + 8192)
 
 
 def verdict_on(samples, *, last_round=True, stages=4, limits=LIMITS):
@@ -66,7 +66,7 @@ def test_the_fallback_is_the_best_fixed_chunk_for_the_reference_prompt_and_never
     sizes = [128, 256, 512, 1024, 4096, 8192]
     best = min(ttft(c) for c in sizes)
     assert ttft(verdict.fixed_chunk_tokens) <= 1.1 * best
-    assert ttft(verdict.fixed_chunk_tokens) < ttft(LIMITS.max_chunk_tokens)
+    assert ttft(verdict.fixed_chunk_tokens) < ttft(LIMITS.base_chunk_tokens)
 
 
 def test_best_fixed_chunk_picks_a_profiled_size_within_the_limits():

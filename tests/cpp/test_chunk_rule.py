@@ -15,7 +15,7 @@ from rule_cases import draw_position, requests, rules
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget, whole_tokens
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=262_144)
+LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=262_144)
 
 
 def floor_forces_more(rule, history_tokens, plan):
@@ -29,7 +29,7 @@ def floor_forces_more(rule, history_tokens, plan):
 def test_chunks_stay_within_the_token_budget_and_the_context(request_case):
     rule, history_tokens, remaining_tokens, plan = request_case
     chunk_tokens = rule.wanted_chunk(history_tokens, remaining_tokens, plan)
-    assert 0 < chunk_tokens <= min(remaining_tokens, rule.limits.max_chunk_tokens)
+    assert 0 < chunk_tokens <= min(remaining_tokens, rule.limits.base_chunk_tokens)
     assert history_tokens + chunk_tokens <= rule.limits.max_model_len
 
 
@@ -62,7 +62,7 @@ def test_smoothing_only_moves_chunks_towards_the_token_budget(request_case, smoo
     rule, history_tokens, remaining_tokens, plan = request_case
     sharp = rule.wanted_chunk(history_tokens, remaining_tokens, plan)
     smooth = rule.with_limits(smooth_factor=smooth_factor).wanted_chunk(history_tokens, remaining_tokens, plan)
-    assert sharp <= smooth <= max(sharp, rule.limits.max_chunk_tokens)
+    assert sharp <= smooth <= max(sharp, rule.limits.base_chunk_tokens)
 
 
 @PROPERTIES
@@ -71,7 +71,7 @@ def test_chunk_within_is_the_largest_chunk_that_fits_a_budget(request_case, budg
     rule, history_tokens, remaining_tokens, plan = request_case
     budget_ms = budget_share * plan.target_ms
     chunk_tokens = rule.chunk_within(history_tokens, budget_ms, remaining_tokens)
-    limit = min(remaining_tokens, rule.limits.max_chunk_tokens, rule.limits.max_model_len - history_tokens)
+    limit = min(remaining_tokens, rule.limits.base_chunk_tokens, rule.limits.max_model_len - history_tokens)
     assert 0 <= chunk_tokens <= limit
     if chunk_tokens > 0:
         assert rule.model.request_ms(chunk_tokens, history_tokens) <= budget_ms * (1 + 1e-9) + 1e-12
@@ -141,7 +141,7 @@ def steps(draw, **rule_options):
     prefills = []
     for _ in range(draw(st.integers(1, 5))):
         history_tokens, remaining_tokens = draw_position(draw, max_model_len)
-        allowed_tokens = draw(st.integers(0, 2 * rule.limits.max_chunk_tokens))
+        allowed_tokens = draw(st.integers(0, 2 * rule.limits.base_chunk_tokens))
         prefills.append((history_tokens, remaining_tokens, allowed_tokens))
     return rule, plan, decodes, prefills
 
@@ -168,7 +168,7 @@ def test_a_grant_never_exceeds_what_vllm_allows_nor_the_context(step):
     rule, plan, decodes, prefills = step
     _, granted = run_step(rule, plan, decodes, prefills)
     for (chunk_tokens, _, _), (history_tokens, remaining_tokens, allowed_tokens) in zip(granted, prefills, strict=True):
-        assert 0 <= chunk_tokens <= min(allowed_tokens, remaining_tokens, rule.limits.max_chunk_tokens)
+        assert 0 <= chunk_tokens <= min(allowed_tokens, remaining_tokens, rule.limits.base_chunk_tokens)
         assert history_tokens + chunk_tokens <= rule.limits.max_model_len
 
 
@@ -251,7 +251,7 @@ def test_settling_keeps_exactly_the_scheduled_requests(step, data):
 
 def test_a_refunded_first_prefill_lets_the_next_one_be_first():
     model = measured_model(NPU_LIKE, noise=0.0, max_history_tokens=900_000)
-    rule = ChunkRule(model, ChunkLimits(max_chunk_tokens=8192, max_model_len=10**6, min_chunk_tokens=512), 4)
+    rule = ChunkRule(model, ChunkLimits(base_chunk_tokens=8192, max_model_len=10**6, min_chunk_tokens=512), 4)
     budget = StepBudget(rule, rule.plan(model.time_ms(1, 900_000) * 1.001))
     budget.reserve_decodes([("decode", 1, 900_000)])  # the decode alone fills the target
     budget.charge("decode", 1, 900_000)

@@ -15,7 +15,7 @@ from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget
 from vllm_ascend.core.cpp_planner import plan_target, predicted_ttft_ms, target_bounds
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-LIMITS = ChunkLimits(max_chunk_tokens=8192, max_model_len=262_144)
+LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=262_144)
 
 
 def rule_for(truth, num_stages, limits=LIMITS, **measure):
@@ -133,7 +133,7 @@ def test_the_planned_target_never_exceeds_max_batch_ms_whatever_the_prefills(dat
 
 def test_a_prefill_that_fills_the_whole_context_is_planned_for_its_pipeline():
     """History + remaining = max_model_len: the last token has no room after it, which is no reason to give up."""
-    limits = ChunkLimits(max_chunk_tokens=8192, max_model_len=131_072)
+    limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072)
     targets = {}
     for stages in (1, 4, 16):
         rule = rule_for(TRUE, stages, limits)
@@ -162,8 +162,8 @@ def test_planning_and_granting_never_raise_and_always_advance_a_prefill(data):
         budget = StepBudget(rule, plan)
         budget.reserve_decodes(decodes)
         history_tokens, remaining_tokens = held[0]
-        chunk_tokens = budget.grant(history_tokens, remaining_tokens, rule.limits.max_chunk_tokens)
-        room = min(remaining_tokens, rule.limits.max_chunk_tokens, rule.limits.max_model_len - history_tokens)
+        chunk_tokens = budget.grant(history_tokens, remaining_tokens, rule.limits.base_chunk_tokens)
+        room = min(remaining_tokens, rule.limits.base_chunk_tokens, rule.limits.max_model_len - history_tokens)
         assert 0 < chunk_tokens <= remaining_tokens if room > 0 else chunk_tokens == 0
         budget.charge("prefill", chunk_tokens, history_tokens)
         assert math.isfinite(budget.predicted_ms()) and math.isfinite(budget.used_ms)
@@ -171,7 +171,7 @@ def test_planning_and_granting_never_raise_and_always_advance_a_prefill(data):
 
 def test_an_attention_dominated_model_with_smoothing_and_decodes_plans_without_a_fault():
     """A model whose C*H attention outweighs its C^2 one, smooth_factor 0.5, decodes running: once a planner fault."""
-    limits = ChunkLimits(max_chunk_tokens=8192, max_model_len=20_512, smooth_factor=0.5)
+    limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=20_512, smooth_factor=0.5)
     rule = rule_for(Quadratic(4, 0.00016, 0, 6.2e-7, 2.3e-6), 2, limits)
     plan = rule.plan_target([(0, 20_000), (3000, 9000)], fixed_ms=rule.model.fixed_ms + 3.0, decoding=7)
     assert math.isfinite(plan.target_ms)

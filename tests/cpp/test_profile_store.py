@@ -36,7 +36,7 @@ PROFILE_SETTINGS = {"profile_points": 10, "profile_repeats": 1, "profile_history
 
 
 def limits(base_chunk_tokens=BASE_CHUNK_TOKENS):
-    return ChunkLimits(max_chunk_tokens=base_chunk_tokens, max_model_len=MAX_HISTORY + base_chunk_tokens)
+    return ChunkLimits(base_chunk_tokens=base_chunk_tokens, max_model_len=MAX_HISTORY + base_chunk_tokens)
 
 
 def fingerprint(**overrides):

@@ -280,7 +280,7 @@ def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
 
     def step_with_little_time_left(self, token_budget):
         token_budget = original(self, token_budget)
-        budget = self._cpp_budget
+        budget = self.cpp_policy.budget
         budget.used_ms = budget.target_ms - left_ms  # another prefill already took the rest
         budget.prefills.add("elsewhere")
         return token_budget
@@ -302,7 +302,7 @@ def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, 
 
     def step_full_of_decodes(self, token_budget):
         token_budget = original(self, token_budget)
-        self._cpp_budget.reserve_decodes([("decodes", 1, 10**9)])  # one decode at an absurd history: the budget is gone
+        self.cpp_policy.budget.reserve_decodes([("decodes", 1, 10**9)])  # one decode at an absurd history: the budget is gone
         return token_budget
 
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_full_of_decodes)
@@ -328,7 +328,7 @@ def test_decode_only_steps_are_not_sized_and_a_skipped_prefill_stays_held(tmp_pa
         out, plan = step()
         assert out.num_scheduled_tokens == {"chat": 1}
         assert plan is None and not out.cpp_time_step
-    assert not scheduler._cpp_budget.charged  # nothing was reserved
+    assert not scheduler.cpp_policy.budget.charged  # nothing was reserved
 
     scheduler.add_request(request("long", 3000, 1))
     out, plan = step()
@@ -338,8 +338,8 @@ def test_decode_only_steps_are_not_sized_and_a_skipped_prefill_stays_held(tmp_pa
 
     def step_with_no_time_left(self, token_budget):
         token_budget = original(self, token_budget)
-        self._cpp_budget.used_ms = self._cpp_budget.target_ms  # another prefill already took it all
-        self._cpp_budget.prefills.add("elsewhere")
+        self.cpp_policy.budget.used_ms = self.cpp_policy.budget.target_ms  # another prefill already took it all
+        self.cpp_policy.budget.prefills.add("elsewhere")
         return token_budget
 
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_with_no_time_left)

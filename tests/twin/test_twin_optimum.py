@@ -44,21 +44,21 @@ def dipping_surface():
 @pytest.mark.parametrize("surface", [SYNTHETIC, STRESS_SURFACES["tiles256"], STRESS_SURFACES["knee"], dipping_surface()],
                          ids=["synthetic", "tiles256", "knee", "dipping"])  # fmt: skip
 @pytest.mark.parametrize("num_stages", [1, 2, 4])
-@pytest.mark.parametrize("max_chunk_tokens", [192, 1024])
+@pytest.mark.parametrize("base_chunk_tokens", [192, 1024])
 def test_no_chunking_beats_the_lower_bound_and_the_best_found_is_within_tolerance(
-    surface, num_stages, max_chunk_tokens
+    surface, num_stages, base_chunk_tokens
 ):
     prompt_tokens = 11 * GRID_TOKENS - 20  # the last chunk is partial
-    best = optimum(surface, prompt_tokens, num_stages, max_chunk_tokens=max_chunk_tokens)
-    exhaustive = brute_force_ms(surface, prompt_tokens, num_stages, max_chunk_tokens // GRID_TOKENS)
+    best = optimum(surface, prompt_tokens, num_stages, base_chunk_tokens=base_chunk_tokens)
+    exhaustive = brute_force_ms(surface, prompt_tokens, num_stages, base_chunk_tokens // GRID_TOKENS)
     assert best.lower_ms <= exhaustive * (1 + 1e-9)
     assert best.best_ms == pytest.approx(exhaustive, rel=1e-4)
-    assert max(best.chunks) <= max_chunk_tokens
+    assert max(best.chunks) <= base_chunk_tokens
 
 
 def test_a_token_budget_binds_the_chunks_of_the_optimum():
     free = optimum(SYNTHETIC, 32_768, 2)
-    capped = optimum(SYNTHETIC, 32_768, 2, max_chunk_tokens=2048)
+    capped = optimum(SYNTHETIC, 32_768, 2, base_chunk_tokens=2048)
     assert max(free.chunks) > 2048 >= max(capped.chunks)
     assert capped.lower_ms > free.lower_ms
     assert np.isfinite(capped.in_flight_ms) and capped.in_flight_ms >= capped.lower_ms

@@ -203,7 +203,7 @@ def test_gate_ours_is_within_3_percent_of_the_optimum_and_never_slower_than_upst
     upstream, ours = (figures_from_result(r, setup.num_stages) for r in runs[case])
     assert ours.problems == () and upstream.problems == ()
     prompt_tokens = setup.workload.requests[0].prompt_tokens
-    best = optimum(load_surface(setup.surface), prompt_tokens, setup.num_stages, max_chunk_tokens=GATE_CHUNK)
+    best = optimum(load_surface(setup.surface), prompt_tokens, setup.num_stages, base_chunk_tokens=GATE_CHUNK)
     assert best.certified
     # Within 3% of the least TTFT any chunking reaches, or ahead of the best chunking the engine,
     # which keeps at most P batches in flight, can run.

@@ -68,10 +68,10 @@ def whole_tokens(tokens: float, granule: int = 1) -> int:
 class ChunkLimits:
     """What bounds a chunk besides the model: vLLM's caps, the user's settings, the measured granule."""
 
-    max_chunk_tokens: int  # vLLM's per-step token budget (max_num_batched_tokens)
+    base_chunk_tokens: int  # vLLM's per-step token budget (max_num_batched_tokens)
     max_model_len: int
     min_chunk_tokens: int = DEFAULT_FLOOR_TOKENS  # the step's first prefill advances by at least this
-    smooth_factor: float = 1.0  # 1: the rule's chunk; < 1 blends it towards max_chunk_tokens
+    smooth_factor: float = 1.0  # 1: the rule's chunk; < 1 blends it towards base_chunk_tokens
     tail_tolerance: float = 0.0  # a request's final tail may take the target * (1 + this)
     max_batch_ms: float | None = None  # upper bound of the target
     granule_tokens: int = 1  # chunks are multiples of this (a measured tile step), tails excepted
@@ -82,11 +82,11 @@ class ChunkLimits:
         floor = max(1, self.min_chunk_tokens)
         if self.granule_tokens > 1:
             floor = -(-floor // self.granule_tokens) * self.granule_tokens
-        return min(floor, max(1, self.max_chunk_tokens))
+        return min(floor, max(1, self.base_chunk_tokens))
 
     @property
     def cap_tokens(self) -> int:
-        return max(1, self.max_chunk_tokens)
+        return max(1, self.base_chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -241,10 +241,10 @@ class ChunkRule:
             return remaining_tokens  # the request's final tail
         if chunk <= 0:  # the request runs into max_model_len: what is left of the context
             context_left = limits.max_model_len - history_tokens
-            return max(0, min(remaining_tokens, context_left, limits.max_chunk_tokens))
+            return max(0, min(remaining_tokens, context_left, limits.base_chunk_tokens))
         if (
             remaining_tokens - chunk < max(chunk // 4, limits.floor_tokens)
-            and remaining_tokens <= min(limits.max_chunk_tokens, limits.max_model_len - history_tokens)
+            and remaining_tokens <= min(limits.base_chunk_tokens, limits.max_model_len - history_tokens)
             and self.model.time_ms(remaining_tokens, history_tokens) <= (1.0 + limits.tail_tolerance) * plan.target_ms
         ):
             return remaining_tokens  # merge a small tail: no extra step for it
@@ -255,7 +255,7 @@ class ChunkRule:
         if remaining_tokens <= 0 or not budget_ms > 0:
             return 0
         limits = self.limits
-        limit = min(remaining_tokens, limits.max_chunk_tokens, limits.max_model_len - history_tokens)
+        limit = min(remaining_tokens, limits.base_chunk_tokens, limits.max_model_len - history_tokens)
         if limit <= 0:
             return 0
         raw = self.model.chunk_for_request_ms(history_tokens, budget_ms)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_ascend.config_table import folder_path, parse_section, problem, raise_problems, setting
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS
 from vllm_ascend.log_adapter import get_logger
 
 logger = get_logger(__name__)
@@ -38,14 +39,13 @@ class CppConfig:
         high=1,
         low_open=True,
     )
-    min_chunk: int | None = setting(
-        None,
-        "tokens the step's first prefill always advances by, even when decodes fill the batch (null: 64); "
-        "above `max_num_batched_tokens` it is clamped with a warning, as upstream did",
+    min_chunk: int = setting(
+        DEFAULT_FLOOR_TOKENS,
+        "tokens the step's first prefill always advances by, even when decodes fill the batch (rounded up to a "
+        "measured tile); above `max_num_batched_tokens` it is clamped with a warning, as upstream did",
         kind=int,
         low=1,
         high=MAX_TOKENS,
-        nullable=True,
     )
     max_fit_chunk: int = setting(
         30,
@@ -111,11 +111,7 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
             fix = f'(the default) {fault}, or "" to keep no profile'
             raise CppConfigError(problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, fix))
         config = replace(config, cache_dir=folder)
-    if (
-        config.min_chunk is not None
-        and max_num_batched_tokens is not None
-        and config.min_chunk > max_num_batched_tokens
-    ):
+    if max_num_batched_tokens is not None and config.min_chunk > max_num_batched_tokens:
         logger.warning(
             "[CPP] %s.min_chunk=%d is above max_num_batched_tokens=%d; using %d",
             CONFIG_KEY,

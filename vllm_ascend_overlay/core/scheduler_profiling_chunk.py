@@ -41,36 +41,20 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm_ascend.core.cpp_calibration import OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, Plan, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
+from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
 from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
 logger = get_logger(__name__)
-
-MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
-
-
-@dataclass(frozen=True)
-class CppBatch:
-    """What the scheduler planned for one step (the step budget's ``charged``, kept as it was)."""
-
-    charged: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
-    predicted_ms: float
-    timed: bool
-
-    @property
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """The step's (chunk_tokens, history_tokens) pairs."""
-        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
 
 
 class ProfilingChunkScheduler(BalanceScheduler):
@@ -85,13 +69,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self.cpp_source: str | None = None
         self.cpp_verdict: str | None = None
         self.cpp_fixed_chunk_tokens: int | None = None  # the fallback's fixed chunk, when there is no model
-        self.cpp_calibration: OnlineCalibration | None = None
-        self._cpp_budget: StepBudget | None = None
+        self.cpp_policy: CppPolicy | None = None  # the model, the plan and the step budget (None: no model)
         self._cpp_profiled = False
         self.cpp_timed_steps = 0
         self._cpp_prefill_steps = 0
         self._cpp_plan_key: tuple | None = None
-        self._cpp_batches: dict[int, CppBatch] = {}  # id(SchedulerOutput) -> its plan, until its output
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
         self._cpp_arrivals: deque[float] = deque(maxlen=16)  # arrival times (s) of the latest requests
@@ -100,9 +82,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _cpp_limits(self) -> ChunkLimits:
         config = self.cpp_config
         return ChunkLimits(
-            max_chunk_tokens=self.max_num_scheduled_tokens,
+            base_chunk_tokens=self.max_num_scheduled_tokens,
             max_model_len=self.max_model_len,
-            min_chunk_tokens=DEFAULT_FLOOR_TOKENS if config.min_chunk is None else config.min_chunk,
+            min_chunk_tokens=config.min_chunk,
             smooth_factor=config.smooth_factor,
             tail_tolerance=config.tail_tolerance,
             max_batch_ms=config.max_batch_ms,
@@ -148,9 +130,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
                     "[CPP] %s; fixed chunks of %d tokens (upstream's behaviour)", verdict.reason, base_tokens
                 )
             return
-        rule = ChunkRule(verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), num_stages)
-        self._cpp_budget = StepBudget(rule)
-        self.cpp_calibration = OnlineCalibration(verdict.model, window_size=self.cpp_config.calibration_window)
+        self.cpp_policy = CppPolicy(
+            verdict.model,
+            replace(limits, granule_tokens=verdict.granule_tokens),
+            num_stages,
+            asynchronous=isinstance(self, AsyncScheduler),
+            calibration_window=self.cpp_config.calibration_window,
+        )
         logger.info(
             "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages",
             self.cpp_source,
@@ -160,26 +146,31 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     @property
     def uses_schedule_hooks(self) -> bool:
-        return self._cpp_budget is not None or self.cpp_fixed_chunk_tokens is not None
+        return self.cpp_policy is not None or self.cpp_fixed_chunk_tokens is not None
 
     @property
     def cpp_rule(self) -> ChunkRule | None:
-        """The chunk rule of the accepted latency model (None: fixed chunking)."""
-        return None if self._cpp_budget is None else self._cpp_budget.rule
+        """The chunk rule of the current latency model (None: fixed chunking)."""
+        return None if self.cpp_policy is None else self.cpp_policy.rule
 
     @property
     def cpp_plan(self) -> Plan | None:
         """The current plan: the batch-time target and what it was planned with (None: fixed chunking)."""
-        return None if self._cpp_budget is None else self._cpp_budget.plan
+        return None if self.cpp_policy is None else self.cpp_policy.plan
 
     @property
     def cpp_target_ms(self) -> float | None:
         """The batch-time target of the current plan (None: fixed chunking)."""
-        return None if self._cpp_budget is None else self._cpp_budget.target_ms
+        return None if self.cpp_policy is None else self.cpp_policy.plan.target_ms
+
+    @property
+    def cpp_calibration(self):
+        """The online calibration, owner of the current model (None: fixed chunking)."""
+        return None if self.cpp_policy is None else self.cpp_policy.calibration
 
     def _cpp_fault(self, where: str, error: BaseException) -> None:
         """A fault in CPP's own code: one warning, CPP off for the process (vLLM's loop from the next step)."""
-        if self._cpp_budget is None and self.cpp_fixed_chunk_tokens is None:
+        if self.cpp_policy is None and self.cpp_fixed_chunk_tokens is None:
             return
         logger.warning(
             "[CPP] %s raised %s: %s; CPP is off for the rest of this process (vLLM's own scheduling)",
@@ -188,11 +179,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             error,
             exc_info=True,
         )
-        self._cpp_budget = None
+        self.cpp_policy = None
         self.cpp_fixed_chunk_tokens = None
-        self.cpp_calibration = None
         self._cpp_sizing = False
-        self._cpp_batches.clear()
 
     # ------------------------------------------------------------------ hooks
     def schedule_step_starts(self, token_budget: int) -> int:
@@ -205,9 +194,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _step_starts(self, token_budget: int) -> int:
         if self.cpp_fixed_chunk_tokens is not None:
             return min(token_budget, self.cpp_fixed_chunk_tokens)
-        budget = self._cpp_budget
-        if budget is None:
+        if self.cpp_policy is None:
             return token_budget
+        budget = self.cpp_policy.budget
         budget.start()
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
@@ -238,9 +227,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's.
 
-        Every decoding request, in flight or not, counts: without asynchronous scheduling a
-        decode rides in one batch of every P (its next token needs the last one back), so
-        a batch carries 1/P of their cost.
+        Every decoding request, in flight or not, counts (the policy applies its share of a batch).
         """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
         key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting])
@@ -251,20 +238,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         held += [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in waiting]
         if not held:
             return
-        budget = self._cpp_budget
-        rule = budget.rule
-        inflight_ms = max((batch.predicted_ms for batch in self._cpp_batches.values()), default=0.0)
         decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
-        share = 1.0 if isinstance(self, AsyncScheduler) else 1.0 / rule.num_stages
-        decode_ms = share * sum(rule.model.decode_ms(history) for history in decoding)
-        plan: Plan = rule.plan_target(
-            held,
-            fixed_ms=rule.model.fixed_ms + decode_ms,
-            inflight_ms=inflight_ms,
-            decoding=len(decoding),
-            arrivals_per_ms=self._cpp_arrivals_per_ms(),
-        )
-        budget.plan = plan
+        plan = self.cpp_policy.replan(held, decoding, arrivals_per_ms=self._cpp_arrivals_per_ms())
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
 
     def add_request(self, request: Any) -> None:
@@ -282,7 +257,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
-            budget = self._cpp_budget
+            budget = None if self.cpp_policy is None else self.cpp_policy.budget
             if budget is None or not self._cpp_sizing or request.request_id in budget.charged:
                 return num_new_tokens  # a decode reserved at step start: never cut
             remaining_tokens = request.num_tokens - request.num_computed_tokens
@@ -295,26 +270,24 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_waiting_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> int:
         try:
-            budget = self._cpp_budget
-            if budget is None:  # (a waiting request makes the step a sized one)
+            if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
-            return budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
+            return self.cpp_policy.budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
 
     def charge_scheduled_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> None:
         try:
-            budget = self._cpp_budget
-            if budget is not None and self._cpp_sizing:
-                budget.charge(request.request_id, num_new_tokens, history_tokens)
+            if self.cpp_policy is not None and self._cpp_sizing:
+                self.cpp_policy.budget.charge(request.request_id, num_new_tokens, history_tokens)
         except Exception as error:
             self._cpp_fault("charging a scheduled request", error)
 
     def refund_scheduled_tokens(self, request: Any) -> None:
         try:
-            if self._cpp_budget is not None:
-                self._cpp_budget.refund(request.request_id)
+            if self.cpp_policy is not None:
+                self.cpp_policy.budget.refund(request.request_id)
         except Exception as error:
             self._cpp_fault("refunding a preempted request", error)
 
@@ -330,31 +303,30 @@ class ProfilingChunkScheduler(BalanceScheduler):
         return scheduler_output
 
     def _after_step(self, scheduler_output) -> bool:
-        budget = self._cpp_budget
-        timed = False
-        if budget is not None and self._cpp_sizing:
+        policy = self.cpp_policy
+        if policy is None:
+            return False
+        budget, timed = policy.budget, False
+        if self._cpp_sizing:
             budget.settle(scheduler_output.num_scheduled_tokens)
             # The prefills still short of their prompt after this step; admitted ones included.
             requests, charged = self.requests, budget.prefills
             candidates = [r for r in self._cpp_open_prefills if r.request_id not in charged]
             candidates += [requests[r] for r in charged if r in requests]
             self._cpp_open_prefills = [r for r in candidates if r.num_tokens - r.num_computed_tokens > 1]
-        if budget is not None and budget.charged:
+        if budget.charged:
             config = self.cpp_config
             if budget.prefills and config.need_timing:
                 self._cpp_prefill_steps += 1
                 calibrating = self.cpp_timed_steps < config.max_fit_chunk
                 timed = calibrating or self._cpp_prefill_steps % config.timing_every == 0
                 self.cpp_timed_steps += timed
-            batches = self._cpp_batches
-            batches[id(scheduler_output)] = CppBatch(budget.charged, budget.predicted_ms(), timed)
-            if len(batches) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
-                del batches[next(iter(batches))]
+            policy.scheduled(scheduler_output, timed)
         return timed
 
     def planned_batch(self, scheduler_output) -> CppBatch | None:
         """The plan of a scheduled step whose model output has not come back yet."""
-        return self._cpp_batches.get(id(scheduler_output))
+        return None if self.cpp_policy is None else self.cpp_policy.batch_of(scheduler_output)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         try:
@@ -364,21 +336,20 @@ class ProfilingChunkScheduler(BalanceScheduler):
         return super().update_from_output(scheduler_output, model_runner_output)
 
     def _calibrate(self, scheduler_output, model_runner_output) -> None:
-        batch = self._cpp_batches.pop(id(scheduler_output), None)
-        measured_ms = getattr(model_runner_output, "execution_time_ms", None)
-        if batch is None or not batch.timed or not measured_ms or self.cpp_calibration is None:
+        policy = self.cpp_policy
+        if policy is None:
             return
-        logger.debug(
-            "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
-            len(batch.pairs),
-            sum(chunk for chunk, _ in batch.pairs),
-            batch.predicted_ms,
-            measured_ms,
-        )
-        model = self.cpp_calibration.record(batch.pairs, float(measured_ms))
-        if model is not None:
-            budget = self._cpp_budget
-            budget.rule = budget.rule.with_model(model)
+        batch = policy.batch_of(scheduler_output)
+        measured_ms = getattr(model_runner_output, "execution_time_ms", None)
+        if batch is not None and batch.timed and measured_ms:
+            logger.debug(
+                "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
+                len(batch.pairs),
+                sum(chunk for chunk, _ in batch.pairs),
+                batch.predicted_ms,
+                measured_ms,
+            )
+        if policy.finished(scheduler_output, measured_ms):
             self._cpp_plan_key = None  # plan the target again with the new model
 
 

@@ -243,7 +243,7 @@ def summarize_case(
     return rows, tuned, upstream, notes
 
 
-def case_optimum(surface, setup: pol.Setup, max_chunk_tokens: int) -> Optimum | None:
+def case_optimum(surface, setup: pol.Setup, base_chunk_tokens: int) -> Optimum | None:
     """The least TTFT of a one-prompt case with chunks within the token budget (twin/optimum.py); None otherwise."""
     requests = setup.workload.requests
     if len(requests) != 1:
@@ -251,7 +251,7 @@ def case_optimum(surface, setup: pol.Setup, max_chunk_tokens: int) -> Optimum | 
     shares = None
     if setup.layers:
         shares = [n / sum(setup.layers) for n in setup.layers]
-    return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares, max_chunk_tokens=max_chunk_tokens)
+    return optimum(surface, requests[0].prompt_tokens, setup.num_stages, shares, base_chunk_tokens=base_chunk_tokens)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

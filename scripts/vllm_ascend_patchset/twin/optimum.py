@@ -129,9 +129,9 @@ def optimum(
     shares: Sequence[float] | None = None,
     rel_tol: float = 1e-5,
     max_rounds: int = 60,
-    max_chunk_tokens: int | None = None,
+    base_chunk_tokens: int | None = None,
 ) -> Optimum:
-    """The optimum of one prompt (see the module docstring); chunks at most ``max_chunk_tokens`` if given.
+    """The optimum of one prompt (see the module docstring); chunks at most ``base_chunk_tokens`` if given.
 
     The engine never schedules more than ``max_num_batched_tokens`` in a step, so that cap
     (rounded down to the grid) bounds every chunk any policy of that deployment can run.
@@ -141,8 +141,8 @@ def optimum(
     shares = tuple(shares) if shares else tuple(1.0 / num_stages for _ in range(num_stages))
     equal = max(shares) - min(shares) < 1e-12
     max_units = -(-prompt_tokens // GRID_TOKENS)
-    if max_chunk_tokens is not None:
-        max_units = max(1, min(max_units, int(max_chunk_tokens) // GRID_TOKENS))
+    if base_chunk_tokens is not None:
+        max_units = max(1, min(max_units, int(base_chunk_tokens) // GRID_TOKENS))
     rows = _rows(surface, prompt_tokens, max_units)
     sums: dict[float, float] = {}
 

@@ -147,7 +147,14 @@ def describe_start_up(kind: str, scheduler: Any, executor: Any) -> str:
         ready = bool(getattr(getattr(scheduler, "profiling_chunk_manager", None), "is_ready", False))
         return f"{runs} profiling runs; " + ("latency model ready" if ready else "NO latency model: fixed chunking")
     source = getattr(scheduler, "cpp_source", None)
-    outcome = f"latency model from {source}" if source else "NO latency model: fixed chunking"
+    fixed_chunk = getattr(scheduler, "cpp_fixed_chunk_tokens", None)
+    reason = getattr(scheduler, "cpp_verdict", None) or "no profile"
+    if getattr(scheduler, "cpp_rule", None) is not None:
+        outcome = f"latency model from {source}"
+    elif fixed_chunk is not None:
+        outcome = f"NO latency model ({reason}): fixed chunks of {fixed_chunk}, the best on what was measured"
+    else:
+        outcome = f"NO latency model ({reason}): fixed chunks of the token budget"
     return f"{runs} profiling runs; {outcome}"
 
 

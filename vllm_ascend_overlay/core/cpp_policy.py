@@ -1,0 +1,118 @@
+"""What CPP decides, owned in one place: the model, the plan, the step budget, the batches in flight.
+
+The scheduler (core/scheduler_profiling_chunk.py) holds one ``CppPolicy`` and does only
+vLLM's bookkeeping: which requests are prefills and decodes, which step is which.
+Everything CPP decides lives here, each piece with one owner:
+
+- the latency model is the online calibration's (core/cpp_calibration.py): a correction
+  it adopts is the model from then on, and the rule follows it;
+- the plan (the batch-time target and what it was made with) is made here, from the held
+  prefills, the decoding requests and the batches in flight, and handed to the step
+  budget; the decode rule (each decoding request's share of a batch: one in P under
+  synchronous scheduling, every batch under asynchronous) is applied here;
+- each scheduled step's record (``CppBatch``: what was charged, the predicted time,
+  whether it is timed) is kept with its SchedulerOutput until that step's output is back.
+
+Pure Python and numpy: no vLLM.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_ascend.core.cpp_calibration import OnlineCalibration
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan, StepBudget
+from vllm_ascend.core.cpp_latency_model import LatencyModel
+
+__all__ = ["MAX_BATCHES_IN_FLIGHT", "CppBatch", "CppPolicy"]
+
+MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
+
+
+@dataclass(frozen=True)
+class CppBatch:
+    """What the scheduler planned for one step (the step budget's ``charged``, kept as it was)."""
+
+    charged: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
+    predicted_ms: float
+    timed: bool
+
+    @property
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The step's (chunk_tokens, history_tokens) pairs."""
+        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
+
+
+class CppPolicy:
+    """The model, the plan and the step budget of one scheduler (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: LatencyModel,
+        limits: ChunkLimits,
+        num_stages: int,
+        *,
+        asynchronous: bool,
+        calibration_window: int,
+    ) -> None:
+        self.calibration = OnlineCalibration(model, window_size=calibration_window)
+        self.budget = StepBudget(ChunkRule(model, limits, num_stages))
+        # A decode's next token needs its last one back, one batch in P, unless asynchronous
+        # scheduling counts that token as a placeholder and schedules it in every batch.
+        self.decode_share = 1.0 if asynchronous else 1.0 / max(1, num_stages)
+        self._in_flight: list[tuple[Any, CppBatch]] = []  # (SchedulerOutput, its record), oldest first
+
+    @property
+    def rule(self) -> ChunkRule:
+        return self.budget.rule
+
+    @property
+    def plan(self) -> Plan:
+        return self.budget.plan
+
+    def replan(
+        self,
+        held: Sequence[tuple[int, int]],
+        decode_histories: Sequence[int],
+        arrivals_per_ms: float = 0.0,
+    ) -> Plan:
+        """Plan the target for the held prefills ((history, remaining) in FCFS order) and hand it to the budget."""
+        rule = self.rule
+        decode_ms = self.decode_share * sum(rule.model.decode_ms(history) for history in decode_histories)
+        inflight_ms = max((batch.predicted_ms for _, batch in self._in_flight), default=0.0)
+        self.budget.plan = rule.plan_target(
+            held,
+            fixed_ms=rule.model.fixed_ms + decode_ms,
+            inflight_ms=inflight_ms,
+            decoding=len(decode_histories),
+            arrivals_per_ms=arrivals_per_ms,
+        )
+        return self.budget.plan
+
+    # ------------------------------------------------------------------ steps in flight
+    def scheduled(self, scheduler_output: Any, timed: bool) -> None:
+        """Keep the step's record until its output is back."""
+        budget = self.budget
+        self._in_flight.append((scheduler_output, CppBatch(budget.charged, budget.predicted_ms(), timed)))
+        if len(self._in_flight) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
+            del self._in_flight[0]
+
+    def batch_of(self, scheduler_output: Any) -> CppBatch | None:
+        """The record of a scheduled step whose output has not come back yet."""
+        return next((batch for output, batch in self._in_flight if output is scheduler_output), None)
+
+    def finished(self, scheduler_output: Any, measured_ms: float | None) -> bool:
+        """A step's output is back: its record leaves; a timed one refines the model. True if the model changed."""
+        index = next((i for i, (output, _) in enumerate(self._in_flight) if output is scheduler_output), None)
+        if index is None:
+            return False
+        _, batch = self._in_flight.pop(index)
+        if not batch.timed or not measured_ms:
+            return False
+        model = self.calibration.record(batch.pairs, float(measured_ms))
+        if model is None:
+            return False
+        self.budget.rule = self.rule.with_model(model)
+        return True

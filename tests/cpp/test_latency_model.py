@@ -186,3 +186,9 @@ def test_timed_profiles_carry_the_noise_asked_for():
     samples = timed(TRUE, [(1024, 0)] * 400, noise=0.1, seed=2)
     ratios = np.array([t for *_, t in samples]) / TRUE.time_ms(1024, 0)
     assert np.std(np.log(ratios)) == pytest.approx(0.1, rel=0.15)
+
+
+def test_the_decodes_fast_path_is_the_same_numbers_as_the_general_one():
+    model = measured_model(TRUE, noise=0.02)
+    histories = np.concatenate([np.linspace(0, 200_000, 400), [0.0, 65_536.0, 1e6]])
+    assert model.decode_ms_many(histories) == pytest.approx([model.decode_ms(h) for h in histories], rel=1e-12)

@@ -302,7 +302,9 @@ def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, 
 
     def step_full_of_decodes(self, token_budget):
         token_budget = original(self, token_budget)
-        self.cpp_policy.budget.reserve_decodes([("decodes", 1, 10**9)])  # one decode at an absurd history: the budget is gone
+        self.cpp_policy.budget.reserve_decodes(
+            [("decodes", 1, 10**9)]
+        )  # one decode at an absurd history: the budget is gone
         return token_budget
 
     monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_full_of_decodes)

@@ -41,8 +41,10 @@ def dipping_surface():
     return GridSurface.from_points(points, name="dipping")
 
 
-@pytest.mark.parametrize("surface", [SYNTHETIC, STRESS_SURFACES["tiles256"], STRESS_SURFACES["knee"], dipping_surface()],
-                         ids=["synthetic", "tiles256", "knee", "dipping"])  # fmt: skip
+SURFACES = [SYNTHETIC, STRESS_SURFACES["tiles256"], STRESS_SURFACES["knee"], dipping_surface()]
+
+
+@pytest.mark.parametrize("surface", SURFACES, ids=["synthetic", "tiles256", "knee", "dipping"])
 @pytest.mark.parametrize("num_stages", [1, 2, 4])
 @pytest.mark.parametrize("base_chunk_tokens", [192, 1024])
 def test_no_chunking_beats_the_lower_bound_and_the_best_found_is_within_tolerance(

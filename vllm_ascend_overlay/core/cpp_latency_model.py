@@ -165,9 +165,8 @@ class LatencyModel:
     def _level(self, history_tokens: float) -> tuple[list[float], list[float], float]:
         """The two rows around a history and the weight of the second (> 1 only beyond the last)."""
         _, _, levels, rows = self._scalar
-        j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 3)
-        if history_tokens > levels[-2]:
-            j = len(levels) - 2  # the last measured level and the virtual one beyond it
+        # Beyond the last measured level the pair is that level and the virtual one after it.
+        j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 2)
         weight = max(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
         return rows[j], rows[j + 1], weight
 
@@ -232,27 +231,32 @@ class LatencyModel:
     # ---------------------------------------------------------------- vectorised questions
     def _rows_at(self, history_tokens: np.ndarray) -> np.ndarray:
         _, _, levels, rows = self._vector
-        j = np.clip(np.searchsorted(levels, history_tokens, side="right") - 1, 0, len(levels) - 3)
-        j = np.where(history_tokens > levels[-2], len(levels) - 2, j)
+        j = np.clip(np.searchsorted(levels, history_tokens, side="right") - 1, 0, len(levels) - 2)
         weight = np.maximum(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
         return rows[j] + weight[..., None] * (rows[j + 1] - rows[j])
 
     def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
         """``time_ms`` of arrays (broadcast together)."""
-        nodes, log_nodes, _, _ = self._vector
-        chunks, histories = np.broadcast_arrays(
-            np.asarray(chunk_tokens, dtype=np.float64), np.asarray(history_tokens, dtype=np.float64)
-        )
-        rows = self._rows_at(histories)
+        nodes, log_nodes, levels, rows = self._vector
+        chunks = np.asarray(chunk_tokens, dtype=np.float64)
+        histories = np.asarray(history_tokens, dtype=np.float64)
+        if chunks.shape != histories.shape:
+            chunks, histories = np.broadcast_arrays(chunks, histories)
+        j = np.clip(np.searchsorted(levels, histories, side="right") - 1, 0, len(levels) - 2)
+        weight = (histories - levels[j]) / (levels[j + 1] - levels[j])
         last = len(nodes) - 1
         i = np.clip(np.searchsorted(nodes, chunks, side="right") - 1, 0, last - 1)
-        a = np.take_along_axis(rows, i[..., None], -1)[..., 0]
-        b = np.take_along_axis(rows, (i + 1)[..., None], -1)[..., 0]
+        a = rows[j, i]
+        a += weight * (rows[j + 1, i] - a)
+        b = rows[j, i + 1]
+        b += weight * (rows[j + 1, i + 1] - b)
         exponent = np.log(b / a) / (log_nodes[i + 1] - log_nodes[i])
-        below, above = chunks < nodes[0], chunks > nodes[last]
-        exponent = np.where(below, np.minimum(exponent, 1.0), np.where(above, np.maximum(exponent, 1.0), exponent))
-        base_ms = np.where(above, b, a)
-        base_log = np.where(above, log_nodes[last], log_nodes[i])
+        base_ms, base_log = a, log_nodes[i]
+        if chunks.size and (chunks.min() < nodes[0] or chunks.max() > nodes[last]):
+            below, above = chunks < nodes[0], chunks > nodes[last]
+            exponent = np.where(below, np.minimum(exponent, 1.0), np.where(above, np.maximum(exponent, 1.0), exponent))
+            base_ms = np.where(above, b, a)
+            base_log = np.where(above, log_nodes[last], base_log)
         with np.errstate(divide="ignore"):
             return base_ms * np.exp(exponent * (np.log(np.maximum(chunks, 0.0)) - base_log))
 
@@ -279,6 +283,18 @@ class LatencyModel:
 
     def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
         return np.maximum(0.0, self.time_ms_many(chunk_tokens, history_tokens) - self.fixed_ms)
+
+    def decode_ms_many(self, history_tokens: np.ndarray) -> np.ndarray:
+        """``decode_ms`` of many histories: with C = 1 profiled, one linear interpolation down the levels."""
+        nodes, _, levels, rows = self._vector
+        histories = np.asarray(history_tokens, dtype=np.float64)
+        if nodes[0] != 1.0:
+            return self.request_ms_many(np.ones_like(histories), histories)
+        column = rows[:, 0]
+        slope = (column[-1] - column[-2]) / (levels[-1] - levels[-2])
+        inside = np.interp(histories, levels, column)
+        times = np.where(histories > levels[-1], column[-1] + slope * (histories - levels[-1]), inside)
+        return np.maximum(0.0, times - self.fixed_ms)
 
     # ---------------------------------------------------------------- description
     @property

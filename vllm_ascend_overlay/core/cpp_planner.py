@@ -42,9 +42,9 @@ from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan, St
 
 __all__ = ["DECODE_WORK_SLACK", "EXACT_MAX_CHUNKS", "PLAN_MAX_PREFILLS", "plan_target", "prefill_chunk_ms"]
 
-PLAN_MAX_PREFILLS = 16  # held prefills the target is planned for (FCFS head)
-_PLAN_PANELS = 8  # Simpson panels per prefill
-_PLAN_GRID = 24  # candidate targets per search round (two rounds)
+PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for (FCFS head; later ones count as arrivals)
+_PLAN_PANELS = 6  # Simpson panels per prefill
+_PLAN_GRID = 16  # candidate targets per search round (two rounds)
 _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
 _NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
 _SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
@@ -123,15 +123,30 @@ def plan_target(
     return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
 
 
-def mean_ttft(work_ms: np.ndarray, drain_ms: np.ndarray, arrivals_per_ms: float) -> np.ndarray:
-    """Mean TTFT of the held prefills (FCFS: the work of prefills 1..j, then the drain) and of the requests
-    expected to arrive while they run (at ``arrivals_per_ms``): those wait for half the held work on
-    average, then do their own work and drain. The more requests arrive, the more the pipeline's
-    throughput counts against the fill and drain of any one prompt."""
-    total_ms, count = work_ms.sum(axis=1), work_ms.shape[1]
+def mean_ttft(
+    request_ms: np.ndarray, chunks: np.ndarray, fixed_ms: float, batch_ms: np.ndarray, drain_ms: np.ndarray,
+    arrivals_per_ms: float,
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Mean TTFT of the held prefills, and their total time, per candidate (rows).
+
+    ``request_ms`` (candidates, prefills): each prefill's own work; ``chunks``: how many chunks
+    it takes; ``batch_ms`` (candidates): the time a batch may take. Prefills finish in FCFS
+    order; a batch's fixed cost is paid once however many prefills share it, so the first j
+    need as many batches as their work fills at ``batch_ms`` each, and never fewer than the
+    chunks of the longest of them (one prefill's chunks cannot share a batch). The j-th's
+    first token comes after that work and the drain. Requests expected to arrive while the
+    held ones run (at ``arrivals_per_ms``) wait for half the held work on average, then do
+    their own work and drain: the more of them, the more the pipeline's throughput counts
+    against any one prompt's fill and drain.
+    """
+    room_ms = np.maximum(batch_ms - fixed_ms, 1e-9)[:, None]
+    own_ms = np.cumsum(request_ms, axis=1)
+    batches = np.maximum(own_ms / room_ms, np.maximum.accumulate(chunks, axis=1))
+    work_ms = own_ms + fixed_ms * batches  # (candidates, prefills): the first j prefills' time
+    total_ms, count = work_ms[:, -1], work_ms.shape[1]
     future = arrivals_per_ms * total_ms
     future_ms = future * (total_ms / 2 + total_ms / count + drain_ms)
-    return (np.cumsum(work_ms, axis=1).sum(axis=1) + count * drain_ms + future_ms) / (count + future)
+    return (work_ms.sum(axis=1) + count * drain_ms + future_ms) / (count + future), total_ms
 
 
 def predicted_ttft_ms(
@@ -148,48 +163,58 @@ def predicted_ttft_ms(
     starts = np.array([float(h) for h, _ in held])[:, None]
     remaining = np.array([float(r) for _, r in held])
     histories = starts + remaining[:, None] * _NODES[None, :]  # (prefills, nodes)
-    target = np.asarray(targets, dtype=np.float64)[:, None, None]
+    targets = np.asarray(targets, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        chunk = rule.chunk_alone_many(histories[None, :, :], target, fixed_ms, efficient)
+        chunk = rule.chunk_alone_many(histories[None, :, :], targets[:, None, None], fixed_ms, efficient)
         # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
         chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
         # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
         # its time per token is what that stretch of the prompt costs.
         covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-        per_token_ms = (fixed_ms + model.request_ms_many(chunk, covering)) / chunk
-        work_ms = (per_token_ms @ _SIMPSON) * remaining  # (targets, prefills)
+        request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining  # (targets, prefills)
+        chunks = ((1.0 / chunk) @ _SIMPSON) * remaining
         chunk_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])
-    largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
-    mean_ttft_ms = mean_ttft(work_ms, (rule.num_stages - 1) * largest_ms, arrivals_per_ms)
-    ok = np.isfinite(mean_ttft_ms) & np.all(work_ms > 0, axis=1)
-    return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms.sum(axis=1), np.inf)
+        largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
+        mean_ttft_ms, work_ms = mean_ttft(
+            request_ms, chunks, fixed_ms, targets, (rule.num_stages - 1) * largest_ms, arrivals_per_ms
+        )
+    ok = np.isfinite(mean_ttft_ms) & (work_ms > 0)
+    return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
 
 
 def fixed_chunk_batch_ms(
     rule: ChunkRule, held: Sequence[tuple[int, int]], fixed_ms: float, inflight_ms: float, arrivals_per_ms: float
 ) -> float:
-    """The next batch's time under the fixed chunk that would give ``held`` the least predicted mean TTFT.
+    """A batch's time under the fixed chunk that would give ``held`` the least predicted mean TTFT.
 
     Fixed chunks are the profiled sizes from the floor to the cap; for each, every prefill
     is chunked at that size, its time per token integrated over the prompt as in
-    ``predicted_ttft_ms``. The batch is the first held prefill's next one.
+    ``predicted_ttft_ms``, and a batch holds that many tokens of any prefills. The batch is
+    one of that many tokens at the first held prefill's history.
     """
     model, limits = rule.model, rule.limits
     sizes = np.array(
         [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
         dtype=np.float64,
-    )[:, None, None]
+    )
     starts = np.array([float(h) for h, _ in held])[:, None]
     remaining = np.array([float(r) for _, r in held])
     histories = starts + remaining[:, None] * _NODES[None, :]
-    chunk = np.minimum(sizes, remaining[None, :, None])
+    chunk = np.minimum(sizes[:, None, None], remaining[None, :, None])
     batch_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])  # (sizes, prefills, nodes)
     covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    per_token_ms = (fixed_ms + model.request_ms_many(chunk, covering)) / chunk
-    work_ms = (per_token_ms @ _SIMPSON) * remaining
+    request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining
+    chunks = remaining / chunk[:, :, 0]
+    # A fixed chunk fills a batch with its tokens: the batch's own time is what those tokens cost.
+    full_ms = fixed_ms + request_ms.sum(axis=1) * sizes / np.maximum(remaining.sum(), 1.0)
     largest_ms = np.maximum(batch_ms.max(axis=(1, 2)), inflight_ms)
-    mean_ttft_ms = mean_ttft(work_ms, (rule.num_stages - 1) * largest_ms, arrivals_per_ms)
-    return float(batch_ms[int(np.argmin(mean_ttft_ms)), 0, 0])
+    mean_ttft_ms, _ = mean_ttft(
+        request_ms, chunks, fixed_ms, np.maximum(full_ms, fixed_ms + 1e-9), (rule.num_stages - 1) * largest_ms,
+        arrivals_per_ms,
+    )  # fmt: skip
+    # A batch of that chunk: its tokens from whichever prefills are held, at the first one's history.
+    best = float(sizes[int(np.argmin(mean_ttft_ms))])
+    return fixed_ms + model.request_ms(best, float(starts[0, 0]))
 
 
 def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan, StepBudget
 from vllm_ascend.core.cpp_latency_model import LatencyModel
@@ -80,7 +81,7 @@ class CppPolicy:
     ) -> Plan:
         """Plan the target for the held prefills ((history, remaining) in FCFS order) and hand it to the budget."""
         rule = self.rule
-        decode_ms = self.decode_share * sum(rule.model.decode_ms(history) for history in decode_histories)
+        decode_ms = self.decode_share * float(rule.model.decode_ms_many(np.asarray(decode_histories)).sum())
         inflight_ms = max((batch.predicted_ms for _, batch in self._in_flight), default=0.0)
         self.budget.plan = rule.plan_target(
             held,

@@ -57,6 +57,18 @@ from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 logger = get_logger(__name__)
 
 
+def _shape(held: list[tuple[int, int]], decoding: int) -> tuple:
+    """What a plan depends on, each within a factor of sqrt(2): the first prefill's history and
+    remaining tokens, how many prefills are held, their remaining and longest tokens, the decodes."""
+
+    def bucket(value: int) -> int:
+        return int(2.0 * math.log2(value + 1))
+
+    remaining = [r for _, r in held]
+    head_history, head_remaining = held[0]
+    return tuple(bucket(v) for v in (head_history, head_remaining, len(held), sum(remaining), max(remaining), decoding))
+
+
 class ProfilingChunkScheduler(BalanceScheduler):
     """Per-step time budget for prefill chunks; see the module docstring."""
 
@@ -73,8 +85,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_profiled = False
         self.cpp_timed_steps = 0
         self._cpp_prefill_steps = 0
-        self._cpp_plan_key: tuple | None = None
+        self._cpp_plan_key: tuple | None = None  # the held prefills the current plan was made for ...
+        self._cpp_plan_shape: tuple | None = None  # ... and their sizes, within a factor of sqrt(2)
+        self._cpp_steps_since_plan = 0
         self._cpp_sizing = False  # this step holds or may admit a prefill
+        self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
         self._cpp_arrivals: deque[float] = deque(maxlen=16)  # arrival times (s) of the latest requests
 
@@ -182,6 +197,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self.cpp_policy = None
         self.cpp_fixed_chunk_tokens = None
         self._cpp_sizing = False
+        self._cpp_step_budget = None
 
     # ------------------------------------------------------------------ hooks
     def schedule_step_starts(self, token_budget: int) -> int:
@@ -202,6 +218,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         # with none waiting and no prefill left from the last sized step, the step holds
         # decodes only: nothing to size, and the per-request bookkeeping is skipped.
         self._cpp_sizing = bool(self._cpp_open_prefills or self.waiting)
+        self._cpp_step_budget = budget if self._cpp_sizing else None
         if not self._cpp_sizing:
             return token_budget
         prefills = []
@@ -231,14 +248,23 @@ class ProfilingChunkScheduler(BalanceScheduler):
         """
         waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
         key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting])
+        self._cpp_steps_since_plan += 1
         if key == self._cpp_plan_key:
             return  # the same prefills in the same order (admission moves one from waiting to running)
-        self._cpp_plan_key = key
+        if self._cpp_plan_key and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
+            return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
+        self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
         held = [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running_prefills]
         held += [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in waiting]
         if not held:
             return
         decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
+        shape = _shape(held, len(decoding))
+        if shape == self._cpp_plan_shape:
+            # Other prefills, but of the same sizes (a stream of short prompts): the same plan would
+            # come out, and planning stays off the step.
+            return
+        self._cpp_plan_shape = shape
         plan = self.cpp_policy.replan(held, decoding, arrivals_per_ms=self._cpp_arrivals_per_ms())
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
 
@@ -257,8 +283,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
-            budget = None if self.cpp_policy is None else self.cpp_policy.budget
-            if budget is None or not self._cpp_sizing or request.request_id in budget.charged:
+            budget = self._cpp_step_budget
+            if budget is None or request.request_id in budget.charged:
                 return num_new_tokens  # a decode reserved at step start: never cut
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
@@ -279,8 +305,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def charge_scheduled_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> None:
         try:
-            if self.cpp_policy is not None and self._cpp_sizing:
-                self.cpp_policy.budget.charge(request.request_id, num_new_tokens, history_tokens)
+            budget = self._cpp_step_budget
+            if budget is None:
+                return
+            reserved = budget.charged.get(request.request_id)
+            if reserved is not None and reserved[0] == num_new_tokens and reserved[1] == history_tokens:
+                return  # a decode scheduled as reserved: already in (the budget's own check, first)
+            budget.charge(request.request_id, num_new_tokens, history_tokens)
         except Exception as error:
             self._cpp_fault("charging a scheduled request", error)
 
@@ -350,7 +381,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
                 measured_ms,
             )
         if policy.finished(scheduler_output, measured_ms):
-            self._cpp_plan_key = None  # plan the target again with the new model
+            self._cpp_plan_key = self._cpp_plan_shape = None  # plan the target again with the new model
 
 
 class AsyncProfilingChunkScheduler(ProfilingChunkScheduler, AsyncScheduler):

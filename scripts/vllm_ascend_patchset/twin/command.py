@@ -102,8 +102,9 @@ def _write_json(path: Path, dump: list) -> bool:
         Path(handle.name).replace(path)
     except OSError as exc:
         Path(handle.name).unlink(missing_ok=True)
-        print(f"cpp-twin: error: --json {path}: could not write ({exc.strerror or exc}); the tables above hold the figures",
-              file=sys.stderr)  # fmt: skip
+        reason = exc.strerror or exc
+        message = f"cpp-twin: error: --json {path}: could not write ({reason}); the tables above hold the figures"
+        print(message, file=sys.stderr)
         return False
     return True
 

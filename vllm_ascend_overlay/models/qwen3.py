@@ -87,15 +87,28 @@ def row_parallel_reduce_deferred(layers: list[Any]) -> Iterator[None]:
             m.reduce_results = value
 
 
+def split_slot_mapping(slot_mapping: Any, point: SplitPoint) -> tuple[Any, Any]:
+    """The forward context's per-layer slot mapping of each micro-batch (views), cut once per forward.
+
+    Anything but a non-empty dict (None, a per-ubatch list) is left to both micro-batches as it is.
+    """
+    if not isinstance(slot_mapping, dict) or not slot_mapping:
+        return slot_mapping, slot_mapping
+    halves = {name: split_tokens(t, point) for name, t in slot_mapping.items()}
+    return {n: h[0] for n, h in halves.items()}, {n: h[1] for n, h in halves.items()}
+
+
 @contextlib.contextmanager
 def micro_batch_context(
-    ctx: ForwardContext, metadata: tuple[dict[str, Any], dict[str, Any]], point: SplitPoint, index: int
+    ctx: ForwardContext, metadata: tuple[dict[str, Any], dict[str, Any]], slots: tuple[Any, Any], index: int
 ) -> Iterator[None]:
-    """Install micro-batch ``index``'s attention metadata (and slot mapping) in the forward context."""
+    """Install micro-batch ``index``'s attention metadata and slot mapping in the forward context.
+
+    Entered once per layer and micro-batch, so it only swaps references: the halves are cut
+    once per forward (``split_metadata_by_layer``, ``split_slot_mapping``).
+    """
     saved_metadata, saved_slots = ctx.attn_metadata, ctx.slot_mapping
-    ctx.attn_metadata = metadata[index]
-    if isinstance(saved_slots, dict) and saved_slots:
-        ctx.slot_mapping = {name: split_tokens(t, point)[index] for name, t in saved_slots.items()}
+    ctx.attn_metadata, ctx.slot_mapping = metadata[index], slots[index]
     try:
         yield
     finally:
@@ -189,6 +202,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
     ) -> torch.Tensor:
         ctx = get_forward_context()
         metadata = split_metadata_by_layer(ctx.attn_metadata, point)
+        slots = split_slot_mapping(ctx.slot_mapping, point)
         hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         position_halves = split_tokens(positions, point, dim=-1)
         hidden_halves = split_tokens(hidden_states, point)
@@ -200,10 +214,10 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 micro_batches,
                 Qwen3LayerOps,
                 self._backend(),
-                lambda i: micro_batch_context(ctx, metadata, point, i),
+                lambda i: micro_batch_context(ctx, metadata, slots, i),
             )
-        hidden_states = torch.cat([mb.hidden_states for mb in micro_batches])
-        residual = torch.cat([mb.residual for mb in micro_batches])
-        hidden_states, _ = self.model.norm(hidden_states, residual)
+        # The final norm works row by row: normalise each micro-batch, then one concatenation
+        # (instead of concatenating hidden states and residual first, twice the copying).
+        hidden_states = torch.cat([self.model.norm(mb.hidden_states, mb.residual)[0] for mb in micro_batches])
         self.dual_stream_batches += 1
         return hidden_states

@@ -9,8 +9,8 @@ both timed with the device synchronised, and returns the second run's output (th
 cache then holds that run's values). The timings are reduced with a max over the TP group,
 so every rank holds the same pairs and takes the same decisions.
 
-A class *wins* when the median of its probes' dual/single ratios is at most
-``WIN_RATIO``. The crossover is the smallest complete class from which every complete
+A class *wins* when its fastest dual-stream run took at most ``WIN_RATIO`` of its fastest
+single-stream run. The crossover is the smallest complete class from which every complete
 class wins; a batch goes dual stream when its smaller micro-batch has at least that many
 tokens (none when the largest complete class loses: dual stream stays off). A batch whose
 class is still incomplete is probed; one below ``MEASURE_FLOOR`` never splits.
@@ -26,7 +26,6 @@ model and runs a probe with the callables it is given (the model supplies them).
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -43,10 +42,6 @@ class Probe:
     size_class: int
     single_s: float
     dual_s: float
-
-    @property
-    def ratio(self) -> float:
-        return self.dual_s / self.single_s
 
 
 def size_classes(max_num_batched_tokens: int) -> tuple[int, ...]:
@@ -93,10 +88,16 @@ class MeasuredGate:
         return self.complete(probe.size_class)
 
     def ratio(self, size_class: int) -> float | None:
-        """Median dual/single ratio of a complete class."""
+        """Fastest dual-stream over fastest single-stream run of a complete class.
+
+        Whatever else the device or host does meanwhile only ever slows a run down, so the
+        fastest run of each kind is the estimate of its time (as timing tools take the
+        minimum of repeats); a probe slowed in one of its runs does not decide the class.
+        """
         if not self.complete(size_class):
             return None
-        return statistics.median(p.ratio for p in self.of_class(size_class))
+        probes = self.of_class(size_class)
+        return min(p.dual_s for p in probes) / min(p.single_s for p in probes)
 
     def crossover(self) -> int | None:
         """Smallest complete class from which every complete class wins; None: dual stream off."""

@@ -2,7 +2,7 @@
 
 Two gloo processes (TP = 2) run vLLM's real Qwen3 layers through the patch set's
 ``DualStreamQwen3ForCausalLM``, single-stream and dual-stream, over an emulated link:
-every all-reduce still moves the real data over gloo, and completes no earlier than
+every all-reduce is a gloo collective (the ranks meet) and completes no earlier than
 ``alpha + bytes / beta`` after the link could start it, waiting without using the CPU, so
 its wire time overlaps compute as it does on a device.
 

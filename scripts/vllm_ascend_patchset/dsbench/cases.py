@@ -44,7 +44,7 @@ MODEL_CONFIG = {
     "hidden_act": "silu",
     "torch_dtype": "float32",
 }
-MAX_NUM_BATCHED_TOKENS = 16384  # the measured gate's size classes reach half of it
+MAX_NUM_BATCHED_TOKENS = 16000  # holds the largest batch; the measured gate's classes reach 4096 (half of it)
 QUICK_MAX_NUM_BATCHED_TOKENS = 1024
 BLOCK_SIZE = 128
 DECODES, DECODE_HISTORY, CHUNK_HISTORY = 32, 1024, 2048
@@ -93,7 +93,6 @@ def long_prompt(total: int) -> Case:
 CASES = (
     prompts(2, 128),
     prompts(4, 256),
-    prompts(4, 1024),
     prompts(2, 2600),
     prompts(6, 2600),
     mixed(1024, 1),

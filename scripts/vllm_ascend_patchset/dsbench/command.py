@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--beta-gbps", type=_positive(float), help="also run a 'custom' link of --alpha-us and this bandwidth, GB/s"
     )
+    parser.add_argument(
+        "--link-data",
+        choices=("token", "real"),
+        default="token",
+        help="what gloo all-reduces on an emulated link: one element per message (the ranks meet; the payload's "
+        "transfer is emulated) or the payload itself (gloo's copies then take CPU from the compute threads)",
+    )
     parser.add_argument("--repeats", type=_positive(int), default=3, help="rounds over every batch per preset")
     parser.add_argument("--gate-repeats", type=_positive(int), default=2, help="the measured gate's probes per class")
     parser.add_argument("--quick", action="store_true", help="small batches only (a smoke run)")
@@ -81,6 +88,7 @@ def plan_of(args: argparse.Namespace) -> dict:
         "gate_repeats": args.gate_repeats,
         "presets": args.presets,
         "alpha_us": args.alpha_us,
+        "link_data": args.link_data,
         "beta_gbps": args.beta_gbps,
     }
 

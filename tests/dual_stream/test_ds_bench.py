@@ -59,7 +59,7 @@ def test_waiting_for_a_message_sleeps_until_its_delivery_and_counts_as_blocked(c
         wire.sleep_until(deadline)  # delivered already: no second sleep
     assert clock.sleeps == [0.5] and wire.blocked_s == pytest.approx(0.5)
     wire.reset()
-    assert (wire.blocked_s, wire.wire_s, wire.messages) == (0.0, 0.0, 0)
+    assert (wire.blocked_s, wire.blocked_group_s, wire.wire_s, wire.messages) == (0.0, 0.0, 0.0, 0)
 
 
 class FakeGroup:
@@ -78,7 +78,7 @@ def test_the_groups_all_reduce_returns_no_earlier_than_the_delivery(clock):
     install_on_group(group, wire)
     result = group._all_reduce_out_place(torch.ones(4))
     assert torch.equal(result, torch.full((4,), 2.0)) and group.reduced == [4]
-    assert clock.now == pytest.approx(101.0) and wire.blocked_s == pytest.approx(1.0)
+    assert clock.now == pytest.approx(101.0) and wire.blocked_s == pytest.approx(1.0) == wire.blocked_group_s
     wire.spec = LinkSpec(alpha_s=1.0, data="token")
     assert torch.equal(group._all_reduce_out_place(torch.ones(4)), torch.ones(4)), "the payload is left as it is"
     assert group.reduced == [4, 1] and clock.now == pytest.approx(102.0), "one element meets the peer"
@@ -116,7 +116,7 @@ def test_the_backend_binds_all_reduces_to_the_next_comm_event_and_waits_for_them
     assert log == [] and clock.sleeps == []
     backend.wait(reduced)
     assert log == [("wait", 3)] and clock.sleeps == [pytest.approx(0.75)], "only what compute did not cover"
-    assert wire.blocked_s == pytest.approx(0.75)
+    assert wire.blocked_s == pytest.approx(0.75) and wire.blocked_group_s == 0.0, "an event wait, not the group's"
 
 
 @given(
@@ -146,7 +146,7 @@ def _records(single, dual, compute_single, compute_dual):
         records.append(dict(preset="p", case="c", mode="single", rep=rep, elapsed=s[0], blocked=s[1], wire=s[1],
                             messages=13, bytes=0))  # fmt: skip
         records.append(dict(preset="p", case="c", mode="dual:token_balanced", rep=rep, elapsed=d[0], blocked=d[1],
-                            wire=d[1], messages=25, bytes=0))  # fmt: skip
+                            blocked_group=d[1] / 4, wire=d[1], messages=25, bytes=0))  # fmt: skip
     records.append(dict(preset="compute", case="c", mode="single", rep=0, elapsed=compute_single, blocked=0,
                         wire=0, messages=13, bytes=0))  # fmt: skip
     records.append(dict(preset="compute", case="c", mode="dual:token_balanced", rep=0, elapsed=compute_dual,
@@ -158,7 +158,7 @@ def _records(single, dual, compute_single, compute_dual):
     single=st.tuples(st.floats(1.0, 2.0), st.floats(0.05, 0.95)),
     dual=st.tuples(st.floats(0.5, 2.0), st.floats(0.0, 0.9)),
 )
-def test_the_shortfall_from_the_ideal_saving_is_exactly_compute_plus_and_waits(single, dual):
+def test_the_shortfall_from_the_ideal_saving_is_exactly_compute_plus_embed_and_waits(single, dual):
     s_time, s_blocked = single[0], single[0] * single[1]
     d_time, d_blocked = dual[0], min(dual[1], dual[0])
     result = {"records": _records([(s_time, s_blocked)], [(d_time, d_blocked)], 1.0, 1.1),
@@ -167,7 +167,7 @@ def test_the_shortfall_from_the_ideal_saving_is_exactly_compute_plus_and_waits(s
     compute, comm = s_time - s_blocked, s_blocked
     ideal, saved = min(compute, comm), s_time - d_time
     assert f["efficiency"] == pytest.approx(saved / ideal)
-    assert f["compute_plus"] + f["waits"] == pytest.approx((ideal - saved) / s_time, abs=1e-12)
+    assert f["compute_plus"] + f["embed"] + f["waits"] == pytest.approx((ideal - saved) / s_time, abs=1e-12)
     assert f["limit"] == pytest.approx(max(comm, compute) / s_time) and f["comm_share"] == pytest.approx(comm / s_time)
     assert f["alpha_extra"] == pytest.approx(12 * 0.001 / s_time)
     # without communication dual took 10% more compute: of it split and merge, the rest half+sched
@@ -206,6 +206,7 @@ def test_rounds_a_busy_host_slowed_do_not_move_the_figures():
         (["--alpha-us", "-1"], "--alpha-us must be >= 0"),
         (["--repeats", "0"], "--repeats: must be > 0"),
         (["--beta-gbps", "fast"], "--beta-gbps: must be a number"),
+        (["--cases", "prompts:2x2600,prompts:9x9"], "--cases: unknown prompts:9x9; choose from prompts:2x128"),
     ],
 )
 def test_bad_flags_are_refused_naming_the_flag(capsys, argv, message):

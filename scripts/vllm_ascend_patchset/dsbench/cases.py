@@ -103,6 +103,7 @@ CASES = (
 QUICK_CASES = (prompts(2, 128), prompts(2, 512), mixed(1024, 1), long_prompt(1024))  # a smoke run
 REFERENCE = prompts(2, 2600)
 QUICK_REFERENCE = prompts(2, 512)
+BY_NAME = {case.name: case for case in (*CASES, *QUICK_CASES)}
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=_positive(int), default=3, help="rounds over every batch per preset")
     parser.add_argument("--gate-repeats", type=_positive(int), default=2, help="the measured gate's probes per class")
     parser.add_argument("--quick", action="store_true", help="small batches only (a smoke run)")
+    parser.add_argument(
+        "--cases",
+        help=f"comma-separated batches to run (default: all), of {', '.join(c.name for c in bench_cases.CASES)}",
+    )
     parser.add_argument("--timeout-s", type=_positive(float), default=3600.0, help="stop the ranks after this long")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-ds" / "result.json", help="raw results")
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved --out file; run nothing")
@@ -68,6 +72,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [n for n in names if n not in bench_cases.PRESETS]
     if unknown:
         parser.error(f"--preset: unknown {', '.join(unknown)}; choose from {', '.join(bench_cases.PRESETS)}")
+    chosen = bench_cases.QUICK_CASES if args.quick else bench_cases.CASES
+    if args.cases is not None:
+        wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in bench_cases.BY_NAME]
+        if unknown or not wanted:
+            parser.error(f"--cases: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(bench_cases.BY_NAME)}")  # fmt: skip
+        chosen = [bench_cases.BY_NAME[n] for n in wanted]
+    args.case_names = [c.name for c in chosen]
     if args.alpha_us < 0:
         parser.error(f"--alpha-us must be >= 0, got {args.alpha_us}")
     if args.beta_gbps is not None:
@@ -81,6 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def plan_of(args: argparse.Namespace) -> dict:
     return {
         "quick": args.quick,
+        "cases": args.case_names,
+        "reference": (bench_cases.QUICK_REFERENCE if args.quick else bench_cases.REFERENCE).name,
         "max_num_batched_tokens": (
             bench_cases.QUICK_MAX_NUM_BATCHED_TOKENS if args.quick else bench_cases.MAX_NUM_BATCHED_TOKENS
         ),
@@ -143,8 +158,8 @@ def run_ranks(plan: dict, work: Path, timeout_s: float) -> list[dict]:
 
 
 def render(results: list[dict], plan: dict, load_before: tuple, load_after: tuple, seconds: float) -> tuple[str, list]:
-    cases = bench_cases.QUICK_CASES if plan["quick"] else bench_cases.CASES
-    reference = (bench_cases.QUICK_REFERENCE if plan["quick"] else bench_cases.REFERENCE).name
+    cases = [bench_cases.BY_NAME[name] for name in plan["cases"]]
+    reference = plan["reference"]
     config = bench_cases.MODEL_CONFIG
     lines = [
         f"dual-stream bench, CPU, TP={WORLD} (gloo), one compute thread per rank, {os.cpu_count()} cores; "
@@ -152,8 +167,8 @@ def render(results: list[dict], plan: dict, load_before: tuple, load_after: tupl
         f"model: Qwen3 dense, {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
         f"MLP {config['intermediate_size']}, {config['num_attention_heads']} query / "
         f"{config['num_key_value_heads']} KV heads of {config['head_dim']}; fp32",
-        f"{plan['repeats']} rounds per preset, single and dual stream interleaved; a forward's time is the slower "
-        "rank's; dual/single is the median of the rounds' ratios [min, max]",
+        f"{plan['repeats']} rounds per preset, each running every batch single- and dual-stream back to back; a "
+        "forward's time is the slower rank's; figures from the fastest forwards, [min, max] of the rounds' ratios",
         f"dual-stream outputs equal single-stream's within {max(r['max_rel_diff'] for r in results):.1e} "
         "(largest difference relative to the output's scale, every batch and split)",
         "",

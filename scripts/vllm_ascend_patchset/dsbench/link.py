@@ -77,6 +77,7 @@ class EmulatedLink:
     def reset(self) -> None:
         """Zero the counters (between timed forwards); the link is idle."""
         self.blocked_s = 0.0  # compute thread blocked on a message: all-reduce calls and event waits
+        self.blocked_group_s = 0.0  # of it, in the group's own (synchronous) all-reduce
         self.wire_s = 0.0  # emulated delivery time of the messages issued
         self.messages = 0
         self.nbytes = 0
@@ -112,11 +113,13 @@ def install_on_group(group: Any, link: EmulatedLink) -> None:
     real = group._all_reduce_out_place
 
     def all_reduce(tensor: torch.Tensor) -> torch.Tensor:
+        before = link.blocked_s
         with link.blocked():
             deadline = link.issue(tensor.numel() * tensor.element_size())
             operand = link.spec.gloo_operand(tensor)
             result = real(operand) if operand is not None else None
             link.sleep_until(deadline)
+        link.blocked_group_s += link.blocked_s - before
         return result if operand is tensor else tensor
 
     group._all_reduce_out_place = all_reduce  # torch.ops.vllm.all_reduce finds the same instance

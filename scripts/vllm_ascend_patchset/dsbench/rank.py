@@ -157,8 +157,8 @@ class Bench:
         took_dual = self.model.dual_stream_batches > before
         if took_dual != (mode != "single"):
             raise RuntimeError(f"{case.name} {mode}: took dual {took_dual} ({self.model.dual_stream_last_reason})")
-        return {"elapsed": elapsed, "blocked": self.link.blocked_s, "wire": self.link.wire_s,
-                "messages": self.link.messages, "bytes": self.link.nbytes}  # fmt: skip
+        return {"elapsed": elapsed, "blocked": self.link.blocked_s, "blocked_group": self.link.blocked_group_s,
+                "wire": self.link.wire_s, "messages": self.link.messages, "bytes": self.link.nbytes}  # fmt: skip
 
     def agreed_max(self, value: float) -> float:
         tensor = torch.tensor([value], dtype=torch.float64)
@@ -167,12 +167,13 @@ class Bench:
 
 
 def _plan_cases(plan: dict):
-    chosen = bench_cases.QUICK_CASES if plan["quick"] else bench_cases.CASES
-    return [*chosen, _reference(plan)] if _reference(plan).name not in {c.name for c in chosen} else list(chosen)
+    """The batches asked for, and the reference batch (it calibrates the presets) if it is not one of them."""
+    names = list(dict.fromkeys([*plan["cases"], plan["reference"]]))
+    return [bench_cases.BY_NAME[name] for name in names]
 
 
 def _reference(plan: dict):
-    return bench_cases.QUICK_REFERENCE if plan["quick"] else bench_cases.REFERENCE
+    return bench_cases.BY_NAME[plan["reference"]]
 
 
 def _probe_cases(plan: dict):
@@ -246,8 +247,10 @@ def measure_split_merge(bench: Bench, case, repeats: int = 20) -> dict:
 
 def run(bench: Bench, plan: dict) -> dict:
     out: dict = {"rank": bench.rank, "records": [], "gate": {}, "presets": {}, "split_merge": {}}
-    timed_cases = [c for c in bench.cases.values() if c.timed]
+    timed_cases = [c for c in bench.cases.values() if c.timed and c.name in plan["cases"]]
     out["modes"] = {case.name: modes_for(case) for case in timed_cases}
+    reference = _reference(plan)
+    calibration = [*timed_cases, reference] if reference not in timed_cases else timed_cases
     bench.link.spec = LinkSpec()
     out["max_rel_diff"] = 0.0
     for case in timed_cases:  # warm-up (allocator, caches, lazy imports), and the outputs compared
@@ -264,13 +267,12 @@ def run(bench: Bench, plan: dict) -> dict:
             out["max_rel_diff"] = max(out["max_rel_diff"], diff)
     bench.link.spec = COMPUTE_ONLY
     for rep in range(plan["repeats"]):
-        for case in timed_cases:
+        for case in calibration:
             for mode in _rotated(modes_for(case), rep):
                 out["records"].append({"preset": "compute", "case": case.name, "mode": mode, "rep": rep,
                                        **bench.timed(case, mode)})  # fmt: skip
     for case in timed_cases:
         out["split_merge"][case.name] = measure_split_merge(bench, case)
-    reference = _reference(plan)
     # The host's speed when nothing else slows it (the fastest round): the presets' shares hold then,
     # and a round slowed by other jobs only lowers its own share of communication.
     reference_compute = bench.agreed_max(
@@ -320,9 +322,9 @@ def start_measured_gate(bench: Bench, plan: dict) -> dict:
         return {"error": f"the measured gate did not run: {bench.model.dual_stream_last_reason}"}
     gate = mode.gate
     decisions = {}
-    for case in bench.cases.values():
+    for name in plan["cases"]:
         for strategy in STRATEGIES:
-            decisions[f"{case.name}|{strategy}"] = gate_decision(bench, case, strategy, gate)
+            decisions[f"{name}|{strategy}"] = gate_decision(bench, bench.cases[name], strategy, gate)
     return {
         "crossover": gate.crossover(),
         "finished": gate.finished,

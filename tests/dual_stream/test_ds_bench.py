@@ -221,6 +221,15 @@ def test_a_bandwidth_of_ones_own_adds_a_custom_link():
     assert command.plan_of(args)["alpha_us"] == 30.0 and command.plan_of(args)["beta_gbps"] == 0.5
 
 
+def test_a_rank_left_waiting_by_a_failed_peer_is_stopped_and_the_failure_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(command, "PEER_GRACE_S", 0.5)
+    monkeypatch.setenv("PYTHONPATH", str(conftest.ROOT / "tests"))
+    with pytest.raises(RuntimeError, match="rank 0 failed:\ninjected: rank 0 failed"):
+        command.run_ranks({}, tmp_path, timeout_s=60, module="dual_stream.stuck_rank")
+    assert (tmp_path / "rank1.log").read_text().strip().endswith("(killed: its peer failed)"), "not the deadline"
+    assert "killed" not in (tmp_path / "rank0.log").read_text()
+
+
 def test_a_quick_run_prints_every_table_and_the_dual_stream_outputs_equal_single_streams(tmp_path):
     out = tmp_path / "result.json"
     argv = ["--quick", "--repeats", "1", "--gate-repeats", "1", "--preset", "comm35", "--out", str(out)]

@@ -120,6 +120,10 @@ PRESETS = {
 }
 
 
+class LinkSettingError(ValueError):
+    """A link preset these flags cannot give; the message names the flag to change."""
+
+
 def beta_for_share(share: float, compute_s: float, messages: int, nbytes: int, alpha_s: float = ALPHA_S) -> float:
     """Bytes per second such that ``messages`` all-reduces of ``nbytes`` take ``share`` of compute + them.
 
@@ -127,10 +131,10 @@ def beta_for_share(share: float, compute_s: float, messages: int, nbytes: int, a
     spread over the messages: each takes c / messages = alpha + nbytes / beta.
     """
     if not 0 < share < 1:
-        raise ValueError(f"a communication share must be in (0, 1), got {share}")
+        raise LinkSettingError(f"a communication share must be in (0, 1), got {share}")
     per_message = compute_s * share / (1 - share) / messages
     if per_message <= alpha_s:
-        raise ValueError(
+        raise LinkSettingError(
             f"a share of {share:.0%} needs {per_message * 1e6:.1f} us per message, not more than alpha "
             f"({alpha_s * 1e6:.1f} us): lower --alpha-us"
         )

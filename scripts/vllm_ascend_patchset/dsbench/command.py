@@ -24,6 +24,7 @@ from . import cases as bench_cases
 from . import report
 
 WORLD = 2
+PEER_GRACE_S = 30.0
 
 
 def _positive(kind):
@@ -114,8 +115,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(plan: dict, work: Path, timeout_s: float) -> list[dict]:
-    """Both ranks to completion (or killed at the deadline); their results, or an error with their stderr."""
+def run_ranks(
+    plan: dict, work: Path, timeout_s: float, module: str = "vllm_ascend_patchset.dsbench.rank"
+) -> list[dict]:
+    """Both ranks to completion; their results, or an error with their output.
+
+    A rank still running at the deadline is killed; so is a rank left alone for
+    ``PEER_GRACE_S`` after its peer failed (it would wait in a collective the failed rank
+    never joins).
+    """
     assembled = ROOT / "build" / Target.host().name
     if not (assembled / "vllm_ascend" / "__init__.py").exists():
         raise RuntimeError(f"{assembled}/vllm_ascend is not assembled; run 'make assemble' first")
@@ -124,37 +132,50 @@ def run_ranks(plan: dict, work: Path, timeout_s: float) -> list[dict]:
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     (work / "plan.json").write_text(json.dumps(plan))
     port = _free_port()
-    procs = []
+    procs, killed = [], {}
     for rank in range(WORLD):
-        command = [sys.executable, "-m", "vllm_ascend_patchset.dsbench.rank", str(rank), str(WORLD), str(port),
+        command = [sys.executable, "-m", module, str(rank), str(WORLD), str(port),
                    str(work / "plan.json"), str(work / f"rank{rank}.json")]  # fmt: skip
-        procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
-    stderr = []
+        with open(work / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT))
+    deadline, failed_at = time.monotonic() + timeout_s, None
     try:
-        for proc in procs:
-            try:
-                stderr.append(
-                    proc.communicate(timeout=max(1.0, deadline - time.monotonic()))[0].decode(errors="replace")
-                )
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                stderr.append(proc.communicate()[0].decode(errors="replace") + "\n(killed at --timeout-s)")
+        while any(proc.poll() is None for proc in procs):
+            now = time.monotonic()
+            if failed_at is None and any(proc.poll() not in (None, 0) or _failed(work, r) for r, proc in
+                                         enumerate(procs) if proc.poll() is not None):  # fmt: skip
+                failed_at = now
+            for rank, proc in enumerate(procs):
+                if proc.poll() is None and (now > deadline or (failed_at and now - failed_at > PEER_GRACE_S)):
+                    proc.kill()
+                    killed[rank] = "--timeout-s" if now > deadline else "its peer failed"
+                    with open(work / f"rank{rank}.log", "a") as log:
+                        log.write(f"\n(killed: {killed[rank]})\n")
+            time.sleep(0.2)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
+            proc.wait()
     results = []
     for rank in range(WORLD):
+        output = (work / f"rank{rank}.log").read_text(errors="replace")[-4000:]
         path = work / f"rank{rank}.json"
         if not path.exists():
-            raise RuntimeError(f"rank {rank} wrote no result:\n{stderr[rank][-4000:]}")
+            raise RuntimeError(f"rank {rank} wrote no result:\n{output}")
         result = json.loads(path.read_text())
         if result["errors"]:
             raise RuntimeError(f"rank {rank} failed:\n" + "\n".join(result["errors"]))
         results.append(result)
     return results
+
+
+def _failed(work: Path, rank: int) -> bool:
+    path = work / f"rank{rank}.json"
+    try:
+        return bool(json.loads(path.read_text())["errors"])
+    except (OSError, ValueError, KeyError):
+        return True
 
 
 def render(results: list[dict], plan: dict, load_before: tuple, load_after: tuple, seconds: float) -> tuple[str, list]:

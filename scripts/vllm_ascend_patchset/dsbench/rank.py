@@ -364,6 +364,8 @@ def main(rank: int, world: int, port: int, plan_path: str, out_path: str) -> Non
         with tempfile.TemporaryDirectory(prefix=f"dsbench-rank{rank}-") as work:
             bench = Bench(rank, world, port, plan, Path(work))
             result.update(run(bench, plan))
+    except bench_cases.LinkSettingError as error:  # names the flag: no traceback needed
+        result["errors"].append(str(error))
     except Exception:
         result["errors"].append(traceback.format_exc())
     Path(out_path).write_text(json.dumps(result))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import conftest
 import pytest
@@ -19,6 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from vllm_ascend.dual_stream.streams import EventKind
 from vllm_ascend_patchset.dsbench import cases, command, link, report
+from vllm_ascend_patchset.dsbench.attention import PagedSdpaAttention
 from vllm_ascend_patchset.dsbench.link import EmulatedLink, EmulatedLinkBackend, LinkSpec, install_on_group
 
 
@@ -117,6 +119,32 @@ def test_the_backend_binds_all_reduces_to_the_next_comm_event_and_waits_for_them
     backend.wait(reduced)
     assert log == [("wait", 3)] and clock.sleeps == [pytest.approx(0.75)], "only what compute did not cover"
     assert wire.blocked_s == pytest.approx(0.75) and wire.blocked_group_s == 0.0, "an event wait, not the group's"
+
+
+def test_the_bench_attention_equals_the_tests_reference_attention_on_a_mixed_batch(monkeypatch):
+    """Decodes, a chunk over cached history and fresh prompts, through the paged cache of both kernels."""
+    import vllm.forward_context
+
+    from dual_stream import tp_worker
+    from dual_stream.batches import Request, build_batch
+
+    block = tp_worker.BLOCK_SIZE
+    monkeypatch.setattr(PagedSdpaAttention, "block_size", block)
+    requests = [Request(9, 1), Request(20, 1), Request(13, 7), Request(0, 12), Request(0, 5)]
+    metadata, _positions = build_batch(requests, block, tp_worker.NUM_BLOCKS, seed=1)
+    tokens, heads, kv_heads, dim = 26, 4, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(tokens, h * dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    history = torch.randn(2, tp_worker.NUM_BLOCKS, block, kv_heads, dim, generator=gen)
+    ctx = SimpleNamespace(attn_metadata={"l0": metadata}, slot_mapping={"l0": metadata.slot_mapping})
+    monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda: ctx)
+    outputs = []
+    for kind in (PagedSdpaAttention, tp_worker.ReferenceAttention):
+        attention = kind(heads, dim, dim**-0.5, kv_heads, prefix="l0")
+        attention.kv_cache = history.clone()
+        outputs.append((attention(query, key, value), attention.kv_cache))
+    (ours, our_cache), (reference, reference_cache) = outputs
+    assert torch.allclose(ours, reference, atol=1e-5) and torch.equal(our_cache, reference_cache)
 
 
 @given(

@@ -7,10 +7,13 @@ call it writes the batch's keys and values into this layer's paged cache at
 - decodes (the first ``num_decodes`` requests, one query token each) in one batched call
   over their cached sequences, read through the block tables, padded to the longest;
 - a prefill without history over its own keys and values, causally;
-- a prefill with history over its cached sequence, the mask aligned to its last token.
+- a prefill with history (a chunk of a long prompt) over its cached history and, causally,
+  its own keys: two fused calls whose results are merged by their log-sum-exp (one call
+  with an explicit mask takes torch's unfused path, several times slower, where a
+  device's kernel handles a chunk as fast as a prefill).
 
-Attention is ``torch.nn.functional.scaled_dot_product_attention`` with grouped KV heads.
-The bench times it as part of compute, as a device would its attention kernel.
+Attention is torch's fused CPU attention with grouped KV heads. The bench times it as
+part of compute, as a device would its attention kernel.
 """
 
 from __future__ import annotations
@@ -80,12 +83,31 @@ class PagedSdpaAttention(nn.Module):
             if seq_len == end - start:  # no history: its own keys and values
                 out[start:end] = self._sdpa(q[None, start:end], k[None, start:end], v[None, start:end], causal=True)[0]
                 continue
-            cached_k = self._gather(key_cache, m.block_tables[r], seq_len)
-            cached_v = self._gather(value_cache, m.block_tables[r], seq_len)
-            query_positions = torch.arange(seq_len - (end - start), seq_len)
-            mask = torch.arange(seq_len)[None, :] <= query_positions[:, None]
-            out[start:end] = self._sdpa(q[None, start:end], cached_k[None], cached_v[None], mask=mask)[0]
+            history = seq_len - (end - start)
+            cached_k = self._gather(key_cache, m.block_tables[r], history)
+            cached_v = self._gather(value_cache, m.block_tables[r], history)
+            out[start:end] = self._chunk(q[start:end], (cached_k, cached_v), (k[start:end], v[start:end]))
         return out.view(tokens, heads * dim)
+
+    def _chunk(self, q, cached, own):
+        """q [n, heads, d] over its history (all of it) and its own keys (causally)."""
+        fused = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+        if fused is None:  # a torch without the fused op: one masked call over the whole sequence
+            keys, values = (torch.cat([c, o]) for c, o in zip(cached, own, strict=True))
+            history = cached[0].shape[0]
+            mask = torch.arange(keys.shape[0])[None, :] <= history + torch.arange(q.shape[0])[:, None]
+            return self._sdpa(q[None], keys[None], values[None], mask=mask)[0]
+        group = self.num_heads // self.num_kv_heads
+
+        def heads_first(t):  # [s, kv_heads, d] -> [1, heads, s, d]
+            return t.repeat_interleave(group, dim=1).transpose(0, 1)[None] if group > 1 else t.transpose(0, 1)[None]
+
+        query = q.transpose(0, 1)[None]
+        out_h, lse_h = fused(query, heads_first(cached[0]), heads_first(cached[1]), 0.0, False, scale=self.scale)
+        out_o, lse_o = fused(query, heads_first(own[0]), heads_first(own[1]), 0.0, True, scale=self.scale)
+        lse = torch.logaddexp(lse_h, lse_o)
+        merged = out_h * torch.exp(lse_h - lse)[..., None] + out_o * torch.exp(lse_o - lse)[..., None]
+        return merged[0].transpose(0, 1)
 
     def _decodes(self, q, key_cache, value_cache, m, decodes):
         lengths = [int(s) for s in m.seq_lens_list[:decodes]]

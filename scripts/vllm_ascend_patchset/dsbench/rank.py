@@ -5,13 +5,13 @@ real Qwen3 layers; ``PagedSdpaAttention`` for vLLM's attention kernel), one comp
 thread, the TP group's all-reduce and the dual-stream backend routed over one
 ``EmulatedLink``. Then, as PLAN (JSON, written by ``command``) asks:
 
-1. a warm-up forward of every batch both ways;
-2. compute only (no communication at all): every timed batch single- and dual-stream,
-   interleaved, and split and merge on their own (``measure_split_merge``);
-3. per link preset: ``beta`` from the measured compute (``cases.beta_for_share``), the
-   measured gate started as a fresh deployment would start it (its probes: the first
-   batches of each size class, timed both ways; what that cost), then ``repeats`` rounds
-   over every batch, each round single-stream and each split strategy in a rotating order.
+1. a warm-up forward of every batch both ways, real all-reduces, outputs compared;
+2. the reference batch's compute alone (no communication), for each preset's ``beta``
+   (``cases.beta_for_share``), and split and merge on their own (``measure_split_merge``);
+3. per link preset, the measured gate started as a fresh deployment would start it (its
+   probes: the first batches of each size class, timed both ways; what that cost);
+4. ``repeats`` rounds, each over every preset (and "compute": no communication at all)
+   and every batch, single-stream and each split strategy back to back in a rotating order.
 
 Every timed forward starts on both ranks together (a barrier) and records its wall time,
 the time the compute thread was blocked on the link, the emulated wire time and the
@@ -250,7 +250,6 @@ def run(bench: Bench, plan: dict) -> dict:
     timed_cases = [c for c in bench.cases.values() if c.timed and c.name in plan["cases"]]
     out["modes"] = {case.name: modes_for(case) for case in timed_cases}
     reference = _reference(plan)
-    calibration = [*timed_cases, reference] if reference not in timed_cases else timed_cases
     bench.link.spec = LinkSpec()
     out["max_rel_diff"] = 0.0
     for case in timed_cases:  # warm-up (allocator, caches, lazy imports), and the outputs compared
@@ -266,26 +265,24 @@ def run(bench: Bench, plan: dict) -> dict:
             diff = float((output - outputs["single"]).abs().max()) / max(scale, 1e-30)
             out["max_rel_diff"] = max(out["max_rel_diff"], diff)
     bench.link.spec = COMPUTE_ONLY
-    for rep in range(plan["repeats"]):
-        for case in calibration:
-            for mode in _rotated(modes_for(case), rep):
-                out["records"].append({"preset": "compute", "case": case.name, "mode": mode, "rep": rep,
-                                       **bench.timed(case, mode)})  # fmt: skip
+    calibration = [bench.timed(reference, "single")["elapsed"] for _ in range(plan["repeats"])]
     for case in timed_cases:
         out["split_merge"][case.name] = measure_split_merge(bench, case)
-    # The host's speed when nothing else slows it (the fastest round): the presets' shares hold then,
-    # and a round slowed by other jobs only lowers its own share of communication.
-    reference_compute = bench.agreed_max(
-        min(r["elapsed"] for r in out["records"] if r["case"] == reference.name and r["mode"] == "single")
-    )
+    # The host's speed when nothing else slows it (the fastest run): the presets' shares hold then,
+    # and a forward slowed by other jobs only lowers its own share of communication.
+    reference_compute = bench.agreed_max(min(calibration))
     layers = bench_cases.MODEL_CONFIG["num_hidden_layers"]
     nbytes = reference.tokens * bench_cases.MODEL_CONFIG["hidden_size"] * 4
+    specs = {"compute": COMPUTE_ONLY}
     for name in plan["presets"]:
-        spec = _spec(plan, name, reference_compute, layers, nbytes)
-        bench.link.spec = spec
-        out["presets"][name] = {"alpha_s": spec.alpha_s, "beta": spec.beta, "data": spec.data}
+        specs[name] = bench.link.spec = _spec(plan, name, reference_compute, layers, nbytes)
+        out["presets"][name] = {"alpha_s": specs[name].alpha_s, "beta": specs[name].beta, "data": specs[name].data}
         out["gate"][name] = start_measured_gate(bench, plan)
-        for rep in range(plan["repeats"]):
+    # Rounds over every preset: a spell of other jobs on the host slows one round of all of them
+    # alike, rather than the whole of one preset.
+    for rep in range(plan["repeats"]):
+        for name, spec in specs.items():
+            bench.link.spec = spec
             for case in timed_cases:
                 for mode in _rotated(modes_for(case), rep):
                     out["records"].append({"preset": name, "case": case.name, "mode": mode, "rep": rep,

@@ -57,7 +57,7 @@ def test_an_unmeasured_class_is_probed_and_below_the_floor_never_splits():
 
 
 def test_the_crossover_is_where_every_larger_measured_class_wins():
-    gate = gate_with({128: 1.2, 256: 0.97, 512: 1.01, 1024: 0.9, 2048: 0.8, 4096: 0.7})
+    gate = gate_with({128: 1.2, 256: 0.9, 512: 0.97, 1024: 0.9, 2048: 0.8, 4096: 0.7})
     assert gate.crossover() == 1024
     assert [gate.route(n) for n in (600, 1023, 1024, 5000)] == ["single", "single", "dual", "dual"]
     assert "from 1024 tokens per micro-batch" in gate.describe()
@@ -77,10 +77,10 @@ def test_a_class_wins_only_at_most_win_ratio():
 def test_incomplete_classes_do_not_decide_and_a_class_decides_by_its_fastest_runs():
     """A run slowed by something else (one-sided) must not decide: fastest dual over fastest single."""
     gate = MeasuredGate(CLASSES, 3)
-    for single_s, dual_s in ((1.0, 3.0), (2.5, 0.95), (1.1, 1.2)):  # each probe slowed in one of its runs
+    for single_s, dual_s in ((1.0, 3.0), (2.5, 0.9), (1.1, 1.2)):  # each probe slowed in one of its runs
         gate.add(Probe(2048, single_s, dual_s))
     gate.add(Probe(4096, 1.0, 5.0))  # 1 of 3: not complete, no say yet
-    assert gate.ratio(4096) is None and gate.ratio(2048) == pytest.approx(0.95)
+    assert gate.ratio(4096) is None and gate.ratio(2048) == pytest.approx(0.9)
     assert gate.crossover() == 2048 and gate.route(3000) == "dual" and gate.route(5000) == "probe"
     assert not gate.finished
 

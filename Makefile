@@ -12,8 +12,9 @@ TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
 E2E_VENV ?= .cache/e2e/venv
 BENCH_E2E_ARGS ?=
+BENCH_DS_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench bench-traces e2e-env e2e bench-e2e clean
+.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -71,6 +72,9 @@ bench-traces: venv assemble  ## CPP twin on replayed Mooncake traffic: TTFT, TPO
 	test $$a = 0 && test $$b = 0
 	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset.twin.summary \
 	  $(BENCH_OUT)/traces-cpu.json $(BENCH_OUT)/traces-synthetic.json
+
+bench-ds: venv assemble  ## dual stream against single stream on the CPU, TP=2, emulated links (docs/dual-stream.md)
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset ds-bench $(BENCH_DS_ARGS)
 
 e2e-env:          ## vLLM 0.23.0's CPU engine in $(E2E_VENV), apart from .venv (docs/e2e.md)
 	E2E_VENV=$(abspath $(E2E_VENV)) PYTHON=$(PYTHON) bash scripts/setup_e2e_env.sh

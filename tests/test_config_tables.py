@@ -45,7 +45,7 @@ def test_config_docs_rewrites_a_stale_table_and_keeps_the_rest(tmp_path):
     doc = "docs/dual-stream.md"
     (tmp_path / "docs").mkdir()
     original = (conftest.ROOT / doc).read_text()
-    stale = original.replace("| `length_threshold` | `128` |", "| `length_threshold` | `64` |")
+    stale = original.replace("| `balance_threshold` | `1.0` |", "| `balance_threshold` | `2.0` |")
     assert stale != original
     (tmp_path / doc).write_text(stale)
     assert config_docs.write(doc, DualStreamConfig, root=tmp_path)

@@ -126,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         from .twin.command import main as twin_main
 
         return twin_main(argv[1:])
+    if argv[:1] == ["ds-bench"]:  # its own argument parser: see docs/dual-stream.md
+        from .dsbench.command import main as ds_bench_main
+
+        return ds_bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="vllm-ascend-patchset", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("assemble", help="build build/<target>/vllm_ascend from the pin, patches and overlay")
@@ -144,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream-src", help="with --target: a vllm-ascend git checkout that has the target's commit")
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
+    sub.add_parser("ds-bench", help="dual stream against single stream on the CPU, TP = 2, emulated links (--help)")
     p = sub.add_parser("config-docs", help="rewrite the docs' config tables from the config dataclasses")
     p.add_argument("--py")
     p.add_argument("--arch")

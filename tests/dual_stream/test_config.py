@@ -36,7 +36,31 @@ def validate(raw=None, **kwargs):
 
 def test_absent_means_off_with_documented_defaults():
     config = validate()
-    assert config == DualStreamConfig(False, "token_balanced", 1.0, 128)
+    assert config == DualStreamConfig(False, "token_balanced", 1.0, None, 3, "~/.cache/vllm_ascend/dual_stream")
+    assert config.measured, "without a length_threshold the gate measures"
+
+
+def test_a_set_length_threshold_is_trusted_and_null_measures():
+    assert not validate({"enabled": True, "length_threshold": 256}).measured
+    assert validate({"enabled": True, "length_threshold": None}).measured
+
+
+def test_the_cache_folder_expands_home_and_null_or_empty_keeps_none(monkeypatch):
+    monkeypatch.setenv("HOME", "/nonexistent-home")
+    assert validate({"enabled": True}).cache_path == "/nonexistent-home/.cache/vllm_ascend/dual_stream"
+    assert validate({"enabled": True, "cache_dir": ""}).cache_path is None
+    assert validate({"enabled": True, "cache_dir": None}).cache_path is None
+
+
+@pytest.mark.parametrize("budget", [64, 255])
+def test_measuring_needs_a_budget_that_can_reach_the_smallest_size_class(budget):
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True}, max_batched=budget)
+    message = str(info.value)
+    assert message.startswith("dual_stream_config.length_threshold=None: measuring starts at 128 tokens")
+    assert f"--max-num-batched-tokens ({budget})" in message and "Set length_threshold" in message
+    assert validate({"enabled": True}, max_batched=256).measured
+    assert validate({"enabled": True, "length_threshold": 8}, max_batched=budget).length_threshold == 8
 
 
 def test_a_full_valid_config_is_taken_as_given():
@@ -55,7 +79,10 @@ def test_unknown_keys_are_all_reported():
     message = str(info.value)
     assert "dual_stream_config.balance_treshold=0.2: not a known key" in message
     assert "dual_stream_config.lenght_threshold=64: not a known key" in message
-    assert "The keys of dual_stream_config are enabled, split_strategy, balance_threshold, length_threshold." in message
+    assert (
+        "The keys of dual_stream_config are enabled, split_strategy, balance_threshold, length_threshold, "
+        "measure_repeats, cache_dir." in message
+    )
 
 
 def test_enabled_not_a_bool():
@@ -80,7 +107,7 @@ def test_balance_threshold_out_of_range(value):
 def test_length_threshold_out_of_range(value):
     with pytest.raises(
         ValueError,
-        match=r"dual_stream_config\.length_threshold=.*: must be an integer in \[1, 2147483647\] \(default 128\)",
+        match=r"dual_stream_config\.length_threshold=.*: must be an integer in \[1, 2147483647\], or null \(default null\)",
     ):
         validate({"enabled": True, "length_threshold": value})
 

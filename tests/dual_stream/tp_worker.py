@@ -11,8 +11,9 @@ Each scenario runs one batch single-stream (the upstream forward) and dual-strea
 the same KV cache, and reports the largest differences of output and cache. Results go
 to OUT as JSON; the pytest side (test_tp_equivalence.py) asserts on them.
 
-Last, rank 0 alone faults in the middle of a dual-stream forward (``one_rank_fault``):
-the fault must surface on rank 0 and both processes must end. That result goes to
+Then the measured gate's scenarios (measured_scenarios.py). Last, rank 0 alone faults in
+the middle of a dual-stream forward (``one_rank_fault``): the fault must surface on rank
+0 and both processes must end. That result goes to
 OUT.fault.json, and the process exits without tearing the group down (a peer may be
 stuck in a collective, as in a real job).
 """
@@ -26,6 +27,7 @@ import os
 import sys
 import time
 import traceback
+from pathlib import Path
 
 os.environ.setdefault("VLLM_PLUGINS", "")
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
@@ -245,6 +247,10 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         init_weights(upstream)
         results["feature_off"] = feature_off_is_vllms_forward(model, upstream, forward, run)
         results["fault"] = decision_fault_falls_back(model, run, scenarios()["mixed_with_history"])
+        from dual_stream import measured_scenarios
+
+        cache_dir = Path(out_path).parent / "dual-stream-cache"
+        results["measured"] = measured_scenarios.run_all(model, run, rank, group, cache_dir, _capture_warnings)
         if rank == 0:
             results["registered"] = registered_qwen3()
             results["ascend_config"] = ascend_config_hook_cases(model_config)

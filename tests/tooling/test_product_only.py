@@ -13,14 +13,20 @@ import conftest
 from vllm_ascend_patchset.series import load_overlay
 
 PACKAGE = conftest.ASSEMBLED / "vllm_ascend"
-# The CPU stand-ins of the dual-stream backend interface and the old test-only switch.
+# The CPU stand-ins of the dual-stream backend interface (the tests' and the bench's emulated
+# link), the bench's attention and batch stand-ins, and the old test-only switch.
 TEST_ONLY_NAMES = (
     "CpuBackend",
     "SequentialBackend",
     "GlooAsyncBackend",
     "DeferredAllReduceBackend",
+    "EmulatedLink",
+    "PagedSdpaAttention",
+    "FakeAscendMetadata",
+    "dsbench",
     "dual_stream_strict",
 )
+BENCH = conftest.ROOT / "scripts" / "vllm_ascend_patchset" / "dsbench"
 
 
 def _classes(path: Path) -> set[str]:
@@ -38,7 +44,8 @@ def test_no_test_only_name_anywhere_in_the_assembled_package():
 
 
 def test_no_class_of_the_tests_is_defined_by_the_overlay():
-    test_classes = set().union(*(_classes(p) for p in (conftest.ROOT / "tests").rglob("*.py")))
+    test_classes = set().union(*(_classes(p) for d in (conftest.ROOT / "tests", BENCH) for p in d.rglob("*.py")))
     shipped = {e.relpath: _classes(PACKAGE / e.relpath) for e in load_overlay() if e.relpath.endswith(".py")}
     assert {path: names & test_classes for path, names in shipped.items() if names & test_classes} == {}
     assert {"SequentialBackend", "GlooAsyncBackend"} <= test_classes, "the check sees the CPU backends of the tests"
+    assert {"EmulatedLinkBackend", "PagedSdpaAttention"} <= test_classes, "and the bench's"

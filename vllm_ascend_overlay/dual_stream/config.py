@@ -5,6 +5,10 @@ Each key's default, range and meaning is declared once, in ``DualStreamConfig``'
 (``config_table.setting``); docs/dual-stream.md's table is tested against them, and says
 why the defaults are what they are.
 
+``length_threshold`` set: the gate trusts it. Unset (the default): the gate measures where
+dual stream pays on this deployment (``measured``) and caches what it measured under
+``cache_dir``.
+
 Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``ValueError``
 naming the key and the fix. Features that replace the row-parallel all-reduce path
 (flashcomm1 / sequence parallelism, matmul-allreduce, flashcomm2, fine-grained MLP or
@@ -20,11 +24,13 @@ inert.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from vllm.logger import init_logger
 from vllm_ascend.config_table import parse_section, problem, raise_problems, setting
+from vllm_ascend.dual_stream.measured import MEASURE_FLOOR
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
 logger = init_logger(__name__)
@@ -48,14 +54,40 @@ class DualStreamConfig:
         low=0,
         low_open=True,
     )
-    length_threshold: int = setting(
-        128, "both strategies refuse a split that leaves a micro-batch shorter than this many tokens", low=1
+    length_threshold: int | None = setting(
+        None,
+        "both strategies refuse a split that leaves a micro-batch shorter than this many tokens; null: measured "
+        "on this deployment (the measured gate)",
+        kind=int,
+        low=1,
+        nullable=True,
+    )
+    measure_repeats: int = setting(
+        3,
+        "measured gate: probes (one batch timed single- and dual-stream) per size class before it decides",
+        low=1,
+        high=16,
+    )
+    cache_dir: str | None = setting(
+        "~/.cache/vllm_ascend/dual_stream",
+        'where the measured gate keeps its probes across restarts; `""` or null keeps none',
+        nullable=True,
     )
 
     @classmethod
     def from_dict(cls, raw: Any) -> DualStreamConfig:
         """Parse and range-check the user's dict; raise ``ValueError`` naming key and fix."""
         return parse_section(cls, raw, key=CONFIG_KEY)
+
+    @property
+    def measured(self) -> bool:
+        """The gate measures where dual stream pays, instead of trusting a set ``length_threshold``."""
+        return self.length_threshold is None
+
+    @property
+    def cache_path(self) -> str | None:
+        """The cache folder with ``~`` expanded, or None when caching is off."""
+        return os.path.expanduser(self.cache_dir) if self.cache_dir else None
 
 
 _REPLACES_ALL_REDUCE = "it replaces the row-parallel all-reduce that dual stream moves to the communication stream"
@@ -166,7 +198,7 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
             f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
         )
     budget = vllm_config.scheduler_config.max_num_batched_tokens
-    if 2 * config.length_threshold > budget:
+    if config.length_threshold is not None and 2 * config.length_threshold > budget:
         problems.append(
             problem(
                 CONFIG_KEY,
@@ -175,6 +207,17 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
                 f"must be <= {budget // 2}, half of --max-num-batched-tokens ({budget}): both micro-batches "
                 "need this many tokens and a batch holds at most --max-num-batched-tokens, so no batch would "
                 "ever be split. Lower it or raise --max-num-batched-tokens",
+            )
+        )
+    if config.measured and budget // 2 < MEASURE_FLOOR:
+        problems.append(
+            problem(
+                CONFIG_KEY,
+                "length_threshold",
+                None,
+                f"measuring starts at {MEASURE_FLOOR} tokens per micro-batch, but --max-num-batched-tokens "
+                f"({budget}) leaves at most {budget // 2}, so no batch would ever be split. Set length_threshold "
+                f"to at most {max(1, budget // 2)} or raise --max-num-batched-tokens to at least {2 * MEASURE_FLOOR}",
             )
         )
     problems += _conflicts(ascend_config, vllm_config)

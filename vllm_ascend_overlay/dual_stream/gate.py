@@ -4,7 +4,8 @@ Dual stream runs only when all hold: the feature is on, TP > 1, the forward is e
 (no graph captured or replayed), the attention metadata is the plain per-layer dict of
 one prefill-type batch (not DecodeOnly, not SpecDecoding), no padding request or padded
 token, no context-parallel / KV-compression metadata, and the split strategy accepts a
-split point.
+split point. With ``length_threshold`` unset, that split must leave ``MEASURE_FLOOR``
+tokens in each micro-batch, and the measured gate (``measured``) decides on the rest.
 
 Every input is the same on every TP rank (the config, the TP size, the graph mode, and
 metadata built from the one scheduler output every rank receives; host-side lists and
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_ascend.dual_stream.config import DualStreamConfig
+from vllm_ascend.dual_stream.measured import MEASURE_FLOOR
 from vllm_ascend.dual_stream.split import (
     KNOWN_FIELDS,
     SplitPoint,
@@ -85,8 +87,9 @@ def decide(
         or (reference.block_tables is not None and reference.block_tables.shape[0] < num_requests)
     ):
         return GateDecision(None, "padded batch")
+    length_threshold = MEASURE_FLOOR if config.length_threshold is None else config.length_threshold
     point = choose_split(
-        query_lens_from_cumulative(cumulative), config.split_strategy, config.balance_threshold, config.length_threshold
+        query_lens_from_cumulative(cumulative), config.split_strategy, config.balance_threshold, length_threshold
     )
     if point is None:
         return GateDecision(None, "split refused by strategy")

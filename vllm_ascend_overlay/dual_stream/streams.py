@@ -70,6 +70,13 @@ class StreamBackend(ABC):
     def all_reduce(self, partial: torch.Tensor) -> torch.Tensor:
         """Launch the TP all-reduce of ``partial`` on the current (communication) stream."""
 
+    def synchronize(self) -> None:
+        """Wait until the device has finished all work issued so far (the measured gate's timing).
+
+        Host backends finish everything a forward issued before it returns: nothing to wait for.
+        """
+        return None
+
 
 class NpuStreamBackend(StreamBackend):
     """Ascend: a second stream for HCCL all-reduces, ordered against compute by events."""
@@ -99,6 +106,9 @@ class NpuStreamBackend(StreamBackend):
 
     def comm_stream(self) -> contextlib.AbstractContextManager:
         return self._device.stream(self._comm)
+
+    def synchronize(self) -> None:
+        self._device.synchronize()
 
     @staticmethod
     def _keep_alive(tensor: torch.Tensor, stream: Any) -> None:

@@ -6,12 +6,19 @@ for every batch when ``dual_stream_config.enabled`` is false. A qualifying batch
 embedded, cut into two micro-batches, run through the layers eagerly with the
 dual-stream schedule (``dual_stream.schedule``), merged and normalised.
 
-Faults: only the decision (``gate.decide``) may fall back to the upstream forward, with
-one warning, the feature then off for the rest of the process. It runs before the first
-collective, on host-side values identical on every TP rank, so every rank meets the same
-fault and falls back together. From the embedding's all-reduce on, a fault propagates,
-as it would from the upstream forward: a rank that ran single-stream while its peers
-waited in dual-stream collectives would hang the job until the communication timeout.
+With ``length_threshold`` unset the gate is measured (``dual_stream.measured``): a batch
+of a size class not measured yet is a probe, run both ways and timed, and from then on
+the batches of that class go where they measured faster.
+
+Faults: only the decision (``gate.decide``, the measured gate's routing) may fall back
+to the upstream forward, with one warning, the feature then off for the rest of the
+process. It runs before the first collective, on host-side values identical on every TP
+rank, so every rank meets the same fault and falls back together. So does a fault of the
+measured gate's start (its collectives are reached by every rank whatever the cache read
+gave) or of a probe's timing (agreed on by every rank before it is used). From the
+embedding's all-reduce on, a fault of a forward propagates, as it would from the upstream
+forward: a rank that ran single-stream while its peers waited in dual-stream collectives
+would hang the job until the communication timeout.
 """
 
 from __future__ import annotations
@@ -24,13 +31,20 @@ from typing import Any
 import torch
 from vllm.config import VllmConfig
 from vllm.config.compilation import CUDAGraphMode
-from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+from vllm.distributed import (
+    get_pp_group,
+    get_tensor_model_parallel_world_size,
+    get_tp_group,
+    tensor_model_parallel_all_reduce,
+)
 from vllm.forward_context import ForwardContext, get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.sequence import IntermediateTensors
+from vllm_ascend.dual_stream import measured_group
 from vllm_ascend.dual_stream.config import CONFIG_KEY, DualStreamConfig
 from vllm_ascend.dual_stream.gate import decide
+from vllm_ascend.dual_stream.measured import MeasuredMode, ProbeRun
 from vllm_ascend.dual_stream.schedule import MicroBatch, run_layers
 from vllm_ascend.dual_stream.split import SplitPoint, split_metadata_by_layer, split_tokens
 from vllm_ascend.dual_stream.streams import NpuStreamBackend, StreamBackend
@@ -87,15 +101,28 @@ def row_parallel_reduce_deferred(layers: list[Any]) -> Iterator[None]:
             m.reduce_results = value
 
 
+def split_slot_mapping(slot_mapping: Any, point: SplitPoint) -> tuple[Any, Any]:
+    """The forward context's per-layer slot mapping of each micro-batch (views), cut once per forward.
+
+    Anything but a non-empty dict (None, a per-ubatch list) is left to both micro-batches as it is.
+    """
+    if not isinstance(slot_mapping, dict) or not slot_mapping:
+        return slot_mapping, slot_mapping
+    halves = {name: split_tokens(t, point) for name, t in slot_mapping.items()}
+    return {n: h[0] for n, h in halves.items()}, {n: h[1] for n, h in halves.items()}
+
+
 @contextlib.contextmanager
 def micro_batch_context(
-    ctx: ForwardContext, metadata: tuple[dict[str, Any], dict[str, Any]], point: SplitPoint, index: int
+    ctx: ForwardContext, metadata: tuple[dict[str, Any], dict[str, Any]], slots: tuple[Any, Any], index: int
 ) -> Iterator[None]:
-    """Install micro-batch ``index``'s attention metadata (and slot mapping) in the forward context."""
+    """Install micro-batch ``index``'s attention metadata and slot mapping in the forward context.
+
+    Entered once per layer and micro-batch, so it only swaps references: the halves are cut
+    once per forward (``split_metadata_by_layer``, ``split_slot_mapping``).
+    """
     saved_metadata, saved_slots = ctx.attn_metadata, ctx.slot_mapping
-    ctx.attn_metadata = metadata[index]
-    if isinstance(saved_slots, dict) and saved_slots:
-        ctx.slot_mapping = {name: split_tokens(t, point)[index] for name, t in saved_slots.items()}
+    ctx.attn_metadata, ctx.slot_mapping = metadata[index], slots[index]
     try:
         yield
     finally:
@@ -108,8 +135,9 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self.dual_stream_config = load_dual_stream_config(vllm_config)
         # Built on first use (NPU streams need the device); CPU tests assign their own.
         self.dual_stream_backend: StreamBackend | None = None
-        self.dual_stream_batches = 0  # forwards that took the dual-stream path
+        self.dual_stream_batches = 0  # forwards that took the dual-stream path (probes included)
         self.dual_stream_last_reason = ""
+        self.dual_stream_measured: MeasuredMode | None = None  # the measured gate, from the first split batch
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
     def _supports_dual_stream(self) -> bool:
@@ -137,16 +165,59 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         intermediate_tensors: IntermediateTensors | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
-        point = None
+        point, route = None, "single"
         if self._dual_stream_on and intermediate_tensors is None and not self.model.aux_hidden_state_layers:
             try:
                 point = self._split_point(positions)
+                route = "dual" if point is not None else "single"
             except Exception:
-                self._fall_back()
-        if point is None:
+                self._fall_back("deciding the split failed")
+            if point is not None and self.dual_stream_config.measured:
+                route = self._measured_route(point)
+        if route == "single":
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
-        # From here on a fault propagates (module docstring): collectives are about to be issued.
+        # From here on a fault of a forward propagates (module docstring): collectives are about to be issued.
+        if route == "probe":
+            return self._probe(point, input_ids, positions, inputs_embeds)
         return self._forward_dual_stream(point, input_ids, positions, inputs_embeds)
+
+    def _measured_route(self, point: SplitPoint) -> str:
+        """The measured gate's call for a split batch; starts the gate (collectives) on first use."""
+        if self.dual_stream_measured is None:
+            try:
+                self.dual_stream_measured = measured_group.start(
+                    self.dual_stream_config, self.vllm_config, get_tp_group()
+                )
+            except Exception:
+                self._fall_back("starting the measured gate failed")
+                return "single"
+        try:
+            route = self.dual_stream_measured.gate.route(min(point.first_tokens, point.second_tokens))
+        except Exception:
+            self._fall_back("deciding the split failed")
+            return "single"
+        if route == "single":
+            self.dual_stream_last_reason = f"measured gate: {self.dual_stream_measured.gate.describe()}"
+        elif route == "probe":
+            self.dual_stream_last_reason = "measured gate: probe"
+        return route
+
+    def _probe(self, point, input_ids, positions, inputs_embeds) -> torch.Tensor:
+        """One batch single- and dual-stream, timed; the measured gate keeps the agreed timings."""
+        mode = self.dual_stream_measured
+        run = ProbeRun(
+            run_single=lambda: Qwen3ForCausalLM.forward(self, input_ids, positions, None, inputs_embeds),
+            run_dual=lambda: self._forward_dual_stream(point, input_ids, positions, inputs_embeds),
+            synchronize=self._backend().synchronize,
+            agree=measured_group.agree(get_tp_group()),
+        )
+        output = mode.probe(min(point.first_tokens, point.second_tokens), run)
+        if mode.fault is not None:  # agreed on by every rank: all fall back together
+            self._fall_back(f"measuring dual stream failed: {mode.fault}", exc_info=False)
+        elif mode.gate.finished and not mode.decided_logged:
+            mode.decided_logged = True
+            logger.info("[DualStream] measured gate decided: %s", mode.gate.describe())
+        return output
 
     def _split_point(self, positions: torch.Tensor) -> SplitPoint | None:
         """The gate's decision for this batch; issues no collective and no device work."""
@@ -173,11 +244,8 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             self.dual_stream_backend = NpuStreamBackend(tensor_model_parallel_all_reduce)
         return self.dual_stream_backend
 
-    def _fall_back(self) -> None:
-        logger.warning(
-            "[DualStream] deciding the split failed; this batch and all later ones run single-stream.",
-            exc_info=True,
-        )
+    def _fall_back(self, what: str, exc_info: bool = True) -> None:
+        logger.warning("[DualStream] %s; this batch and all later ones run single-stream.", what, exc_info=exc_info)
         self._dual_stream_on = False
 
     def _forward_dual_stream(
@@ -189,6 +257,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
     ) -> torch.Tensor:
         ctx = get_forward_context()
         metadata = split_metadata_by_layer(ctx.attn_metadata, point)
+        slots = split_slot_mapping(ctx.slot_mapping, point)
         hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
         position_halves = split_tokens(positions, point, dim=-1)
         hidden_halves = split_tokens(hidden_states, point)
@@ -200,10 +269,10 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 micro_batches,
                 Qwen3LayerOps,
                 self._backend(),
-                lambda i: micro_batch_context(ctx, metadata, point, i),
+                lambda i: micro_batch_context(ctx, metadata, slots, i),
             )
-        hidden_states = torch.cat([mb.hidden_states for mb in micro_batches])
-        residual = torch.cat([mb.residual for mb in micro_batches])
-        hidden_states, _ = self.model.norm(hidden_states, residual)
+        # The final norm works row by row: normalise each micro-batch, then one concatenation
+        # (instead of concatenating hidden states and residual first, twice the copying).
+        hidden_states = torch.cat([self.model.norm(mb.hidden_states, mb.residual)[0] for mb in micro_batches])
         self.dual_stream_batches += 1
         return hidden_states

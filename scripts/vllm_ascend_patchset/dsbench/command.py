@@ -1,0 +1,246 @@
+"""``vllm-ascend-patchset ds-bench`` (``make bench-ds``): dual stream against single stream on the CPU, TP = 2.
+
+Starts two rank processes (``rank``) on the assembled tree, bounds them in time, and
+prints per link preset the measured gate's decision and the figures of every batch
+(``report``), with the machine's load average before and after: the ranks share the
+host's cores with whatever else runs, which the interleaved rounds and the ratios absorb
+but the absolute times do not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..pin import ROOT, Target
+from . import cases as bench_cases
+from . import report
+
+WORLD = 2
+PEER_GRACE_S = 30.0
+
+
+def _positive(kind):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="vllm-ascend-patchset ds-bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--preset",
+        default="bare,comm20,comm35,comm55",
+        help=f"comma-separated link presets, of {', '.join(bench_cases.PRESETS)} (default: all)",
+    )
+    parser.add_argument("--alpha-us", type=float, default=bench_cases.ALPHA_S * 1e6, help="per-message latency, us")
+    parser.add_argument(
+        "--beta-gbps", type=_positive(float), help="also run a 'custom' link of --alpha-us and this bandwidth, GB/s"
+    )
+    parser.add_argument(
+        "--link-data",
+        choices=("token", "real"),
+        default="token",
+        help="what gloo all-reduces on an emulated link: one element per message (the ranks meet; the payload's "
+        "transfer is emulated) or the payload itself (gloo's copies then take CPU from the compute threads)",
+    )
+    parser.add_argument("--repeats", type=_positive(int), default=3, help="rounds over every batch per preset")
+    parser.add_argument("--gate-repeats", type=_positive(int), default=2, help="the measured gate's probes per class")
+    parser.add_argument("--quick", action="store_true", help="small batches only (a smoke run)")
+    parser.add_argument(
+        "--cases",
+        help=f"comma-separated batches to run (default: all), of {', '.join(c.name for c in bench_cases.CASES)}",
+    )
+    parser.add_argument("--timeout-s", type=_positive(float), default=3600.0, help="stop the ranks after this long")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-ds" / "result.json", help="raw results")
+    parser.add_argument("--from-json", type=Path, help="print the tables of a saved --out file; run nothing")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.preset.split(",") if n.strip()]
+    unknown = [n for n in names if n not in bench_cases.PRESETS]
+    if unknown:
+        parser.error(f"--preset: unknown {', '.join(unknown)}; choose from {', '.join(bench_cases.PRESETS)}")
+    chosen = bench_cases.QUICK_CASES if args.quick else bench_cases.CASES
+    if args.cases is not None:
+        wanted = [n.strip() for n in args.cases.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in bench_cases.BY_NAME]
+        if unknown or not wanted:
+            parser.error(f"--cases: unknown {', '.join(unknown) or '(none given)'}; choose from "
+                         f"{', '.join(bench_cases.BY_NAME)}")  # fmt: skip
+        chosen = [bench_cases.BY_NAME[n] for n in wanted]
+    args.case_names = [c.name for c in chosen]
+    if args.alpha_us < 0:
+        parser.error(f"--alpha-us must be >= 0, got {args.alpha_us}")
+    if args.beta_gbps is not None:
+        names.append("custom")
+    if not names:
+        parser.error("--preset: name at least one preset, or give --beta-gbps")
+    args.presets = names
+    return args
+
+
+def plan_of(args: argparse.Namespace) -> dict:
+    return {
+        "quick": args.quick,
+        "cases": args.case_names,
+        "reference": (bench_cases.QUICK_REFERENCE if args.quick else bench_cases.REFERENCE).name,
+        "max_num_batched_tokens": (
+            bench_cases.QUICK_MAX_NUM_BATCHED_TOKENS if args.quick else bench_cases.MAX_NUM_BATCHED_TOKENS
+        ),
+        "repeats": args.repeats,
+        "gate_repeats": args.gate_repeats,
+        "presets": args.presets,
+        "alpha_us": args.alpha_us,
+        "link_data": args.link_data,
+        "beta_gbps": args.beta_gbps,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(
+    plan: dict, work: Path, timeout_s: float, module: str = "vllm_ascend_patchset.dsbench.rank"
+) -> list[dict]:
+    """Both ranks to completion; their results, or an error with their output.
+
+    A rank still running at the deadline is killed; so is a rank left alone for
+    ``PEER_GRACE_S`` after its peer failed (it would wait in a collective the failed rank
+    never joins).
+    """
+    assembled = ROOT / "build" / Target.host().name
+    if not (assembled / "vllm_ascend" / "__init__.py").exists():
+        raise RuntimeError(f"{assembled}/vllm_ascend is not assembled; run 'make assemble' first")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(assembled), str(ROOT / "scripts"), env.get("PYTHONPATH", "")])
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    (work / "plan.json").write_text(json.dumps(plan))
+    port = _free_port()
+    procs, killed = [], {}
+    for rank in range(WORLD):
+        command = [sys.executable, "-m", module, str(rank), str(WORLD), str(port),
+                   str(work / "plan.json"), str(work / f"rank{rank}.json")]  # fmt: skip
+        with open(work / f"rank{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT))
+    deadline, failed_at = time.monotonic() + timeout_s, None
+    try:
+        while any(proc.poll() is None for proc in procs):
+            now = time.monotonic()
+            if failed_at is None and any(proc.poll() not in (None, 0) or _failed(work, r) for r, proc in
+                                         enumerate(procs) if proc.poll() is not None):  # fmt: skip
+                failed_at = now
+            for rank, proc in enumerate(procs):
+                if proc.poll() is None and (now > deadline or (failed_at and now - failed_at > PEER_GRACE_S)):
+                    proc.kill()
+                    killed[rank] = "--timeout-s" if now > deadline else "its peer failed"
+                    with open(work / f"rank{rank}.log", "a") as log:
+                        log.write(f"\n(killed: {killed[rank]})\n")
+            time.sleep(0.2)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    results = []
+    for rank in range(WORLD):
+        output = (work / f"rank{rank}.log").read_text(errors="replace")[-4000:]
+        path = work / f"rank{rank}.json"
+        if not path.exists():
+            raise RuntimeError(f"rank {rank} wrote no result:\n{output}")
+        result = json.loads(path.read_text())
+        if result["errors"]:
+            raise RuntimeError(f"rank {rank} failed:\n" + "\n".join(result["errors"]))
+        results.append(result)
+    return results
+
+
+def _failed(work: Path, rank: int) -> bool:
+    path = work / f"rank{rank}.json"
+    try:
+        return bool(json.loads(path.read_text())["errors"])
+    except (OSError, ValueError, KeyError):
+        return True
+
+
+def render(results: list[dict], plan: dict, load_before: tuple, load_after: tuple, seconds: float) -> tuple[str, list]:
+    cases = [bench_cases.BY_NAME[name] for name in plan["cases"]]
+    reference = plan["reference"]
+    config = bench_cases.MODEL_CONFIG
+    lines = [
+        f"dual-stream bench, CPU, TP={WORLD} (gloo), one compute thread per rank, {os.cpu_count()} cores; "
+        f"load average {_load(load_before)} at start",
+        f"model: Qwen3 dense, {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, "
+        f"MLP {config['intermediate_size']}, {config['num_attention_heads']} query / "
+        f"{config['num_key_value_heads']} KV heads of {config['head_dim']}; fp32",
+        f"{plan['repeats']} rounds per preset, each running every batch single- and dual-stream back to back; a "
+        "forward's time is the slower rank's; figures from the fastest forwards, [min, max] of the rounds' ratios",
+        f"dual-stream outputs equal single-stream's within {max(r['max_rel_diff'] for r in results):.1e} "
+        "(largest difference relative to the output's scale, every batch and split)",
+        "",
+    ]
+    failures = []
+    for name in plan["presets"]:
+        preset = bench_cases.PRESETS.get(name)
+        info = results[0]["presets"][name]
+        gate = results[0]["gate"][name]
+        lines.append(report.link_line(name, info, preset.share if preset else None, reference))
+        lines.append(report.gate_line(gate))
+        table, failed = report.preset_table(results, name, cases, gate)
+        lines += [table, ""]
+        failures += failed
+    lines.append(f"goals: efficiency >= 80% where a micro-batch's communication is at most its compute (emulated "
+                 f"links); no batch the gate lets through slower than {report.GOAL_SLOWDOWN:.2f}x")  # fmt: skip
+    lines += [f"  not met: {f}" for f in failures] or ["  met on every batch"]
+    lines.append(f"took {seconds:.0f} s; load average {_load(load_after)} at the end")
+    return "\n".join(lines), failures
+
+
+def _load(values: tuple) -> str:
+    return " / ".join(f"{v:.2f}" for v in values) + " (1 / 5 / 15 min)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.from_json is not None:
+        try:
+            saved = json.loads(args.from_json.read_text())
+            text, _failures = render(saved["ranks"], saved["plan"], saved["load_before"], saved["load_after"],
+                                     saved["seconds"])  # fmt: skip
+        except (OSError, ValueError, KeyError) as error:
+            print(f"error: --from-json {args.from_json}: not a saved ds-bench result ({error})", file=sys.stderr)
+            return 2
+        print(text)
+        return 0
+    plan = plan_of(args)
+    load_before = os.getloadavg()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ds-bench-") as work:
+        try:
+            results = run_ranks(plan, Path(work), args.timeout_s)
+        except RuntimeError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    seconds = time.monotonic() - started
+    text, _failures = render(results, plan, load_before, os.getloadavg(), seconds)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"plan": plan, "ranks": results, "load_before": load_before,
+                                    "load_after": os.getloadavg(), "seconds": seconds}))  # fmt: skip
+    print(text)
+    print(f"raw results: {args.out}")
+    return 0

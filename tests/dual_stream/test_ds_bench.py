@@ -1,0 +1,297 @@
+"""The CPU dual-stream bench (scripts/vllm_ascend_patchset/dsbench): its link, its arithmetic, its flags, a smoke run.
+
+The link is tested on a scripted clock (its delivery times and that waiting sleeps), the
+figures on synthetic records (the shortfall splits exactly into its parts); one quick run
+of ``ds-bench`` checks the whole path end to end, asserting what it printed and what the
+ranks computed, never how fast.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import conftest
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from vllm_ascend.dual_stream.streams import EventKind
+from vllm_ascend_patchset.dsbench import cases, command, link, report
+from vllm_ascend_patchset.dsbench.attention import PagedSdpaAttention
+from vllm_ascend_patchset.dsbench.link import EmulatedLink, EmulatedLinkBackend, LinkSpec, install_on_group
+
+
+class Clock:
+    """``time.perf_counter`` and ``time.sleep`` of the link module: sleeping moves the clock, nothing else does."""
+
+    def __init__(self):
+        self.now, self.sleeps = 100.0, []
+
+    def perf_counter(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    scripted = Clock()
+    monkeypatch.setattr(link, "time", scripted)
+    return scripted
+
+
+def test_messages_leave_in_order_and_each_takes_alpha_plus_bytes_over_beta(clock):
+    wire = EmulatedLink(LinkSpec(alpha_s=1.0, beta=100.0))
+    assert [wire.issue(n) for n in (100, 200, 0)] == [102.0, 105.0, 106.0], "queued behind each other"
+    clock.now = 200.0
+    assert wire.issue(50) == 201.5, "an idle link starts at once"
+    assert (wire.messages, wire.nbytes, wire.wire_s) == (4, 350, pytest.approx(7.5))
+
+
+def test_waiting_for_a_message_sleeps_until_its_delivery_and_counts_as_blocked(clock):
+    wire = EmulatedLink(LinkSpec(alpha_s=0.5))
+    deadline = wire.issue(1 << 20)
+    with wire.blocked():
+        wire.sleep_until(deadline)
+        wire.sleep_until(deadline)  # delivered already: no second sleep
+    assert clock.sleeps == [0.5] and wire.blocked_s == pytest.approx(0.5)
+    wire.reset()
+    assert (wire.blocked_s, wire.blocked_group_s, wire.wire_s, wire.messages) == (0.0, 0.0, 0.0, 0)
+
+
+class FakeGroup:
+    def __init__(self, clock):
+        self.clock, self.reduced = clock, []
+
+    def _all_reduce_out_place(self, tensor):
+        self.reduced.append(tensor.numel())
+        self.clock.now += 0.1  # gloo's own time
+        return tensor * 2
+
+
+def test_the_groups_all_reduce_returns_no_earlier_than_the_delivery(clock):
+    group = FakeGroup(clock)
+    wire = EmulatedLink(LinkSpec(alpha_s=1.0))
+    install_on_group(group, wire)
+    result = group._all_reduce_out_place(torch.ones(4))
+    assert torch.equal(result, torch.full((4,), 2.0)) and group.reduced == [4]
+    assert clock.now == pytest.approx(101.0) and wire.blocked_s == pytest.approx(1.0) == wire.blocked_group_s
+    wire.spec = LinkSpec(alpha_s=1.0, data="token")
+    assert torch.equal(group._all_reduce_out_place(torch.ones(4)), torch.ones(4)), "the payload is left as it is"
+    assert group.reduced == [4, 1] and clock.now == pytest.approx(102.0), "one element meets the peer"
+    wire.spec = link.COMPUTE_ONLY
+    assert torch.equal(group._all_reduce_out_place(torch.ones(4)), torch.ones(4)) and group.reduced == [4, 1]
+    with pytest.raises(ValueError, match="link data must be one of"):
+        LinkSpec(data="some")
+
+
+class FakeWork:
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def wait(self):
+        self.log.append(("wait", self.name))
+
+
+def test_the_backend_binds_all_reduces_to_the_next_comm_event_and_waits_for_them_there(clock, monkeypatch):
+    log = []
+    monkeypatch.setattr(link.dist, "all_reduce", lambda t, group, async_op: FakeWork(log, t.numel()))
+    wire = EmulatedLink(LinkSpec(alpha_s=1.0))
+    backend = EmulatedLinkBackend(wire)
+    backend.begin()
+    with pytest.raises(RuntimeError, match="must run on the communication stream"):
+        backend.all_reduce(torch.ones(1))
+    key = (EventKind.ATTN_COM_FINISH, 0, 0)
+    reduced = (EventKind.ATTN_AR_FINISH, 0, 0)
+    backend.record(key)
+    with backend.comm_stream():
+        backend.wait(key)  # the compute event: nothing bound to it
+        partial = torch.ones(3)
+        assert backend.all_reduce(partial) is partial, "reduced in place"
+        backend.record(reduced)
+    clock.now += 0.25  # the other micro-batch computes meanwhile
+    assert log == [] and clock.sleeps == []
+    backend.wait(reduced)
+    assert log == [("wait", 3)] and clock.sleeps == [pytest.approx(0.75)], "only what compute did not cover"
+    assert wire.blocked_s == pytest.approx(0.75) and wire.blocked_group_s == 0.0, "an event wait, not the group's"
+
+
+def test_the_bench_attention_equals_the_tests_reference_attention_on_a_mixed_batch(monkeypatch):
+    """Decodes, a chunk over cached history and fresh prompts, through the paged cache of both kernels."""
+    import vllm.forward_context
+
+    from dual_stream import tp_worker
+    from dual_stream.batches import Request, build_batch
+
+    block = tp_worker.BLOCK_SIZE
+    monkeypatch.setattr(PagedSdpaAttention, "block_size", block)
+    requests = [Request(9, 1), Request(20, 1), Request(13, 7), Request(0, 12), Request(0, 5)]
+    metadata, _positions = build_batch(requests, block, tp_worker.NUM_BLOCKS, seed=1)
+    tokens, heads, kv_heads, dim = 26, 4, 2, 8
+    gen = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(tokens, h * dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    history = torch.randn(2, tp_worker.NUM_BLOCKS, block, kv_heads, dim, generator=gen)
+    ctx = SimpleNamespace(attn_metadata={"l0": metadata}, slot_mapping={"l0": metadata.slot_mapping})
+    monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda: ctx)
+    outputs = []
+    for kind in (PagedSdpaAttention, tp_worker.ReferenceAttention):
+        attention = kind(heads, dim, dim**-0.5, kv_heads, prefix="l0")
+        attention.kv_cache = history.clone()
+        outputs.append((attention(query, key, value), attention.kv_cache))
+    (ours, our_cache), (reference, reference_cache) = outputs
+    assert torch.allclose(ours, reference, atol=1e-5) and torch.equal(our_cache, reference_cache)
+
+
+@given(
+    share=st.floats(0.05, 0.9),
+    compute_s=st.floats(0.01, 10.0),
+    messages=st.integers(1, 200),
+    nbytes=st.integers(1 << 10, 1 << 28),
+)
+def test_the_derived_bandwidth_gives_the_preset_share(share, compute_s, messages, nbytes):
+    alpha = 1e-7
+    beta = cases.beta_for_share(share, compute_s, messages, nbytes, alpha)
+    comm = messages * LinkSpec(alpha, beta).wire_s(nbytes)
+    assert comm / (compute_s + comm) == pytest.approx(share, rel=1e-9)
+
+
+def test_a_share_alpha_alone_exceeds_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="lower --alpha-us"):
+        cases.beta_for_share(0.2, compute_s=1e-3, messages=13, nbytes=1 << 20, alpha_s=1e-3)
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\)"):
+        cases.beta_for_share(1.0, 1.0, 13, 1 << 20)
+
+
+def _records(single, dual, compute_single, compute_dual):
+    """One rank's records: (elapsed, blocked, wire, messages) per round, single and dual, plus compute-only."""
+    records = []
+    for rep, (s, d) in enumerate(zip(single, dual, strict=True)):
+        records.append(dict(preset="p", case="c", mode="single", rep=rep, elapsed=s[0], blocked=s[1], wire=s[1],
+                            messages=13, bytes=0))  # fmt: skip
+        records.append(dict(preset="p", case="c", mode="dual:token_balanced", rep=rep, elapsed=d[0], blocked=d[1],
+                            blocked_group=d[1] / 4, wire=d[1], messages=25, bytes=0))  # fmt: skip
+    records.append(dict(preset="compute", case="c", mode="single", rep=0, elapsed=compute_single, blocked=0,
+                        wire=0, messages=13, bytes=0))  # fmt: skip
+    records.append(dict(preset="compute", case="c", mode="dual:token_balanced", rep=0, elapsed=compute_dual,
+                        blocked=0, wire=0, messages=25, bytes=0))  # fmt: skip
+    return records
+
+
+@given(
+    single=st.tuples(st.floats(1.0, 2.0), st.floats(0.05, 0.95)),
+    dual=st.tuples(st.floats(0.5, 2.0), st.floats(0.0, 0.9)),
+)
+def test_the_shortfall_from_the_ideal_saving_is_exactly_compute_plus_embed_and_waits(single, dual):
+    s_time, s_blocked = single[0], single[0] * single[1]
+    d_time, d_blocked = dual[0], min(dual[1], dual[0])
+    result = {"records": _records([(s_time, s_blocked)], [(d_time, d_blocked)], 1.0, 1.1),
+              "split_merge": {"c": {"split": 0.01, "merge": 0.02}}}  # fmt: skip
+    f = report.figures([result], "p", "c", "dual:token_balanced", alpha_s=0.001)
+    compute, comm = s_time - s_blocked, s_blocked
+    ideal, saved = min(compute, comm), s_time - d_time
+    assert f["efficiency"] == pytest.approx(saved / ideal)
+    assert f["compute_plus"] + f["embed"] + f["waits"] == pytest.approx((ideal - saved) / s_time, abs=1e-12)
+    assert f["limit"] == pytest.approx(max(comm, compute) / s_time) and f["comm_share"] == pytest.approx(comm / s_time)
+    assert f["alpha_extra"] == pytest.approx(12 * 0.001 / s_time)
+    # without communication dual took 10% more compute: of it split and merge, the rest half+sched
+    assert f["half_sched"] == pytest.approx((0.1 * compute - 0.03) / s_time) and f["split"] == pytest.approx(
+        0.01 / s_time
+    )
+    parts = f["split"] + f["merge"] + f["half_sched"] + f["host"]
+    assert parts == pytest.approx(f["compute_plus"], abs=1e-12)
+
+
+def test_the_fastest_forwards_give_the_figures_and_the_rounds_give_the_spread():
+    """Per round the slower rank's forward counts; the ratio is fastest dual over fastest single."""
+    rank0 = {"records": _records([(1.0, 0.3), (2.0, 0.6), (1.2, 0.3)], [(0.8, 0.1), (1.0, 0.2), (0.9, 0.1)], 1, 1)}
+    rank1 = {"records": _records([(1.1, 0.3), (1.0, 0.3), (1.0, 0.3)], [(0.7, 0.1), (1.6, 0.2), (0.9, 0.1)], 1, 1)}
+    f = report.figures([rank0, rank1], "p", "c", "dual:token_balanced", alpha_s=0.0)
+    # slower rank per round: single 1.1, 2.0, 1.2 and dual 0.8, 1.6, 0.9
+    assert f["ratio"] == pytest.approx(0.8 / 1.1)
+    assert (f["ratio_min"], f["ratio_max"]) == pytest.approx((0.8 / 1.1, 0.8))  # rounds: 0.8/1.1, 1.6/2, 0.9/1.2
+    assert f["comm_share"] == pytest.approx(0.3 / 1.1), "the fastest single forward's own split"
+
+
+def test_rounds_a_busy_host_slowed_do_not_move_the_figures():
+    quiet = _records([(1.0, 0.3)], [(0.8, 0.1)], 1, 1)
+    busy = [dict(r, elapsed=2 * r["elapsed"], blocked=r["blocked"], rep=1) for r in quiet if r["preset"] == "p"]
+    f = report.figures([{"records": quiet + busy}], "p", "c", "dual:token_balanced", alpha_s=0.0)
+    one = report.figures([{"records": quiet}], "p", "c", "dual:token_balanced", alpha_s=0.0)
+    for key in ("ratio", "comm_share", "limit", "efficiency", "compute_plus", "waits"):
+        assert f[key] == pytest.approx(one[key]), key
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "comm35,fast"], "--preset: unknown fast; choose from bare, comm20, comm35, comm55"),
+        (["--preset", ","], "--preset: name at least one preset, or give --beta-gbps"),
+        (["--alpha-us", "-1"], "--alpha-us must be >= 0"),
+        (["--repeats", "0"], "--repeats: must be > 0"),
+        (["--beta-gbps", "fast"], "--beta-gbps: must be a number"),
+        (["--cases", "prompts:2x2600,prompts:9x9"], "--cases: unknown prompts:9x9; choose from prompts:2x128"),
+    ],
+)
+def test_bad_flags_are_refused_naming_the_flag(capsys, argv, message):
+    with pytest.raises(SystemExit) as info:
+        command.parse_args(argv)
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bandwidth_of_ones_own_adds_a_custom_link():
+    args = command.parse_args(["--preset", "bare", "--alpha-us", "30", "--beta-gbps", "0.5"])
+    assert args.presets == ["bare", "custom"]
+    assert command.plan_of(args)["alpha_us"] == 30.0 and command.plan_of(args)["beta_gbps"] == 0.5
+
+
+def test_a_rank_left_waiting_by_a_failed_peer_is_stopped_and_the_failure_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(command, "PEER_GRACE_S", 0.5)
+    monkeypatch.setenv("PYTHONPATH", str(conftest.ROOT / "tests"))
+    with pytest.raises(RuntimeError, match="rank 0 failed:\ninjected: rank 0 failed"):
+        command.run_ranks({}, tmp_path, timeout_s=60, module="dual_stream.stuck_rank")
+    assert (tmp_path / "rank1.log").read_text().strip().endswith("(killed: its peer failed)"), "not the deadline"
+    assert "killed" not in (tmp_path / "rank0.log").read_text()
+
+
+def test_a_quick_run_prints_every_table_and_the_dual_stream_outputs_equal_single_streams(tmp_path):
+    out = tmp_path / "result.json"
+    argv = ["--quick", "--repeats", "1", "--gate-repeats", "1", "--preset", "comm35", "--out", str(out)]
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_ascend_patchset", "ds-bench", *argv],
+        cwd=conftest.ROOT, env={**_env(), "PYTHONPATH": str(conftest.ROOT / "scripts")},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = done.stdout
+    assert "load average" in text.splitlines()[0] and "load average" in text.splitlines()[-2]
+    assert "link comm35: alpha 20 us, beta" in text and "measured gate (3 probes" in text
+    for case in cases.QUICK_CASES:
+        assert case.name in text
+    assert "not timed: split refused by strategy" in text, "the long prompt: no boundary splits it"
+    saved = json.loads(out.read_text())
+    ranks = saved["ranks"]
+    assert len(ranks) == 2 and all(r["max_rel_diff"] < 1e-5 for r in ranks)
+    for rank in ranks:
+        timed = {(r["preset"], r["case"], r["mode"]) for r in rank["records"]}
+        for case in (c for c in cases.QUICK_CASES if c.timed):
+            for mode in rank["modes"][case.name]:
+                assert {("compute", case.name, mode), ("comm35", case.name, mode)} <= timed
+    gate = ranks[0]["gate"]["comm35"]
+    assert gate["finished"] and gate["probes"] == 3 and ranks[1]["gate"]["comm35"]["crossover"] == gate["crossover"]
+    replay = subprocess.run(
+        [sys.executable, "-m", "vllm_ascend_patchset", "ds-bench", "--from-json", str(out)],
+        cwd=conftest.ROOT, env={**_env(), "PYTHONPATH": str(conftest.ROOT / "scripts")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert replay.returncode == 0 and replay.stdout.splitlines()[2:-1] == text.splitlines()[2:-2]
+
+
+def _env():
+    import os
+
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -1,0 +1,141 @@
+"""The measured gate's cache: keyed like the CPP profile, written atomically, untrusted on read."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from vllm_ascend.core.cpp_profile_store import make_fingerprint
+from vllm_ascend.dual_stream import measured_store
+from vllm_ascend.dual_stream.measured import MeasuredGate, Probe, size_classes
+from vllm_ascend.dual_stream.measured_store import MeasuredCacheError, cache_file, fingerprint, load, save
+
+CLASSES = size_classes(8192)
+DEPLOYMENT = make_fingerprint(
+    model="Qwen/Qwen3-32B", dtype="bfloat16", quantization=None, tensor_parallel_size=2, pipeline_parallel_size=1,
+    max_num_batched_tokens=8192, block_size=128, vllm_version="0.23.0", vllm_ascend_version="0.23.0+cpp.ds1",
+    device_name="A2", cann_version="/usr/local/Ascend/ascend-toolkit/8.3.0",
+)  # fmt: skip
+KEY = fingerprint(DEPLOYMENT, split_strategy="token_balanced", balance_threshold=1.0, classes=CLASSES, repeats=2)
+PROBES = [Probe(128, 1.0, 1.1), Probe(128, 1.0, 1.2), Probe(4096, 2.0, 1.5), Probe(4096, 2.0, 1.4)]
+
+
+def _load(path, key=KEY):
+    return load(path, key=key, classes=CLASSES, repeats=2)
+
+
+def test_a_saved_cache_loads_the_same_probes_and_leaves_no_temporary_file(tmp_path):
+    path = cache_file(str(tmp_path / "cache"), KEY)
+    save(path, key=KEY, probes=PROBES)
+    assert _load(path) == PROBES
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+    assert path.name.startswith("dual-stream-probes-") and path.suffix == ".json"
+
+
+def test_no_file_is_none(tmp_path):
+    assert _load(tmp_path / "absent.json") is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(tensor_parallel_size=4),
+        dict(model="Qwen/Qwen3-8B"),
+        dict(vllm_ascend_version="0.23.0+cpp.ds2"),
+        dict(device_name="A3"),
+        dict(max_num_batched_tokens=16384),
+    ],
+)
+def test_every_part_of_the_deployment_keys_the_file(tmp_path, change):
+    other = fingerprint({**DEPLOYMENT, **change}, split_strategy="token_balanced", balance_threshold=1.0,
+                        classes=CLASSES, repeats=2)  # fmt: skip
+    assert cache_file(str(tmp_path), other) != cache_file(str(tmp_path), KEY)
+    path = tmp_path / "probes.json"
+    save(path, key=KEY, probes=PROBES)
+    with pytest.raises(MeasuredCacheError, match="fingerprint differs"):
+        _load(path, key=other)
+
+
+@pytest.mark.parametrize("split", [dict(split_strategy="half_batch"), dict(balance_threshold=0.5), dict(repeats=3)])
+def test_the_split_rules_key_the_file_too(split):
+    rules = dict(split_strategy="token_balanced", balance_threshold=1.0, classes=CLASSES, repeats=2) | split
+    assert fingerprint(DEPLOYMENT, **rules) != KEY
+
+
+def _write(path, data):
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return path
+
+
+def _valid():
+    return {"schema_version": 1, "fingerprint": KEY, "probes": [[p.size_class, p.single_s, p.dual_s] for p in PROBES]}
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        ("{not json", "JSONDecodeError"),
+        (b'{"probes": "\xff"}', "UnicodeDecodeError"),
+        ("[]", "not a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "RecursionError"),
+        (_valid() | {"schema_version": 2}, "schema_version 2 != 1"),
+        (_valid() | {"probes": {"128": [1, 1]}}, "probes must be a list of at most 12 entries"),
+        (_valid() | {"probes": [[128, 1.0, 1.0]] * 13}, "at most 12 entries"),
+        (_valid() | {"probes": [[100, 1.0, 1.0]]}, "size class 100 is not one of"),
+        (_valid() | {"probes": [[128, 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
+        (_valid() | {"probes": [[128, True, 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
+        (_valid() | {"probes": [[128, "1.0", 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
+        (_valid() | {"probes": [[128, 0.0, 1.0]]}, "a probe time must be in (0, 3600] s, got 0.0"),
+        (_valid() | {"probes": [[128, -1.0, 1.0]]}, "a probe time must be in"),
+        (_valid() | {"probes": [[128, 1.0, 1e9]]}, "a probe time must be in"),
+        (json.dumps(_valid()).replace("1.1", "NaN"), "a probe time must be in"),
+        (json.dumps(_valid()).replace("1.1", "1" + "0" * 400), "a probe time must be in"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None,
+)
+def test_an_unusable_file_is_refused_naming_why(tmp_path, data, reason):
+    path = _write(tmp_path / "probes.json", data)
+    with pytest.raises(MeasuredCacheError) as info:
+        _load(path)
+    assert reason in str(info.value)
+
+
+def test_an_oversized_or_odd_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(measured_store, "MAX_BYTES", 64)
+    path = _write(tmp_path / "probes.json", json.dumps(_valid()))
+    with pytest.raises(MeasuredCacheError, match="larger than"):
+        _load(path)
+    os.remove(path)
+    path.mkdir()
+    with pytest.raises(MeasuredCacheError, match="not a regular file"):
+        _load(path)
+
+
+def test_the_decision_is_made_from_the_probes_not_read_from_the_file(tmp_path):
+    """A file can say what it likes about the outcome: only its probes count, and they decide as fresh ones do."""
+    data = _valid() | {"crossover": 128, "decision": "dual stream everywhere"}
+    path = _write(tmp_path / "probes.json", data)
+    with pytest.raises(MeasuredCacheError, match="fingerprint"):
+        _load(path, key=KEY | {"extra": 1})
+    probes = _load(path)
+    gate = MeasuredGate(CLASSES, 2, probes)
+    assert gate.crossover() == 4096 and gate.route(5000) == "dual"
+    assert gate.route(200) == "single" and gate.route(300) == "probe", "128 measured slower, 256 not measured"
+
+
+def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "probes.json"
+    save(path, key=KEY, probes=PROBES)
+
+    def broken_dump(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(measured_store.json, "dump", broken_dump)
+    with pytest.raises(OSError, match="disk full"):
+        save(path, key=KEY, probes=PROBES[:1])
+    monkeypatch.undo()
+    assert _load(path) == PROBES and [p.name for p in tmp_path.iterdir()] == ["probes.json"]

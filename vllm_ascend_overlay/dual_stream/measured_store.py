@@ -1,0 +1,129 @@
+"""The measured gate's cache: the probes of a deployment, kept across restarts.
+
+Same rules as the CPP profile cache (core/cpp_profile_store.py): the file is keyed by
+that module's fingerprint of the deployment (model, dtype, quantisation, TP/PP sizes,
+token budget, KV block size, vLLM and patch-set versions, device, CANN), here extended by
+what shapes the dual-stream decision (split strategy, balance threshold, size classes,
+probes per class); it is written atomically (a temporary file renamed into place); and it
+is untrusted input: read only up to ``MAX_BYTES``, it must parse as the expected JSON and
+match the fingerprint, every probe must be a known class with finite positive times, and
+the decision is made again from the probes (``measured.MeasuredGate``), never read from
+the file. Any problem is a ``MeasuredCacheError`` naming it; the caller then measures again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm_ascend.dual_stream.measured import Probe
+
+SCHEMA_VERSION = 1
+MAX_BYTES = 1 << 20
+MAX_PROBE_SECONDS = 3600.0  # one forward of a batch; anything longer is not a timing
+
+
+class MeasuredCacheError(ValueError):
+    """A cached measurement that cannot be used; the message says why."""
+
+
+def fingerprint(deployment: Mapping, *, split_strategy: str, balance_threshold: float,
+                classes: Sequence[int], repeats: int) -> dict:  # fmt: skip
+    """``deployment`` (``cpp_profile_store.fingerprint_for``) plus what the dual-stream decision depends on."""
+    return {
+        **json.loads(json.dumps(dict(deployment), sort_keys=True)),
+        "dual_stream": {
+            "split_strategy": str(split_strategy),
+            "balance_threshold": float(balance_threshold),
+            "size_classes": [int(c) for c in classes],
+            "probes_per_class": int(repeats),
+        },
+    }
+
+
+def deployment_fingerprint(vllm_config: Any) -> dict:
+    """The CPP profile cache's fingerprint of the engine, read without touching the device."""
+    from vllm_ascend.core.cpp_profile_store import fingerprint_for
+
+    return fingerprint_for(vllm_config)
+
+
+def cache_file(cache_dir: str, key: Mapping) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(os.path.expanduser(cache_dir)) / f"dual-stream-probes-{digest}.json"
+
+
+def save(path: str | os.PathLike, *, key: Mapping, probes: Sequence[Probe]) -> None:
+    """Write the probes atomically; OSError if it cannot."""
+    path = Path(path)
+    data = {
+        "schema_version": SCHEMA_VERSION,
+        "fingerprint": json.loads(json.dumps(dict(key), sort_keys=True)),
+        "probes": [[p.size_class, p.single_s, p.dual_s] for p in probes],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False)
+    try:
+        with handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def load(path: str | os.PathLike, *, key: Mapping, classes: Sequence[int], repeats: int) -> list[Probe] | None:
+    """The probes of a matching cache file; None when there is none; ``MeasuredCacheError`` when unusable."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise MeasuredCacheError("not a regular file")
+        with path.open("rb") as handle:
+            raw = handle.read(MAX_BYTES + 1)
+        if len(raw) > MAX_BYTES:
+            raise MeasuredCacheError(f"larger than {MAX_BYTES >> 20} MiB")
+        data = json.loads(raw)
+    except MeasuredCacheError:
+        raise
+    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested too deep
+        raise MeasuredCacheError(f"{type(error).__name__}: {error}") from None
+    if not isinstance(data, dict):
+        raise MeasuredCacheError("not a JSON object")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise MeasuredCacheError(f"schema_version {data.get('schema_version')!r} != {SCHEMA_VERSION}")
+    if data.get("fingerprint") != json.loads(json.dumps(dict(key), sort_keys=True)):
+        raise MeasuredCacheError("fingerprint differs (other model, parallelism, versions, device or split rules)")
+    rows = data.get("probes")
+    if not isinstance(rows, list) or len(rows) > len(classes) * repeats:
+        raise MeasuredCacheError(f"probes must be a list of at most {len(classes) * repeats} entries")
+    probes = []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 3 and all(_is_number(v) for v in row)):
+            raise MeasuredCacheError(f"a probe must be [size_class, single_s, dual_s] numbers, got {row!r}")
+        size_class, single_s, dual_s = row
+        if size_class not in classes:
+            raise MeasuredCacheError(f"size class {size_class!r} is not one of {list(classes)}")
+        probes.append(Probe(int(size_class), _seconds(single_s), _seconds(dual_s)))
+    return probes
+
+
+def _seconds(value: Any) -> float:
+    try:
+        seconds = float(value)
+    except OverflowError:  # a JSON integer past every float
+        seconds = math.inf
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_PROBE_SECONDS):
+        raise MeasuredCacheError(f"a probe time must be in (0, {MAX_PROBE_SECONDS:g}] s, got {value!r}")
+    return seconds
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -13,16 +13,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # the tooling package
+from vllm_ascend_patchset.paths import ROOT, TESTS_DIR, assembled_root  # noqa: E402
 
-from vllm_ascend_patchset.pin import Target  # noqa: E402
+sys.path.insert(0, str(TESTS_DIR))
 
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 os.environ.setdefault("VLLM_PLUGINS", "")  # pure vLLM unless a test asks for the plugin
 
-ASSEMBLED = ROOT / "build" / os.environ.get("PATCHSET_TARGET", Target.host().name)
+ASSEMBLED = assembled_root()
+__all__ = ["ASSEMBLED", "ROOT"]  # what tests read from here
 if not (ASSEMBLED / "vllm_ascend" / "__init__.py").exists():
     raise RuntimeError(f"{ASSEMBLED}/vllm_ascend is not assembled; run 'make test' (or 'make assemble') first")
 sys.path.insert(0, str(ASSEMBLED))

@@ -7,15 +7,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from git_repo import git, init_repo
-from vllm_ascend_patchset.assemble import pristine_tree
-from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
-from vllm_ascend_patchset.series import PACKAGE
+from vllm_ascend_patchset.paths import PACKAGE
+from vllm_ascend_patchset.trees import pristine_root
 
 
 @functools.cache
 def pristine_package() -> Path:
     """The pinned release's vllm_ascend/ (unpacked from the cached pinned wheel); checked once per session."""
-    return pristine_tree(fetch_wheel(Pin.load(), Target.host())) / PACKAGE
+    return pristine_root() / PACKAGE
 
 
 def upstream_repo(

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from vllm_ascend_patchset.pin import ROOT
+from vllm_ascend_patchset.paths import ROOT
 
 DOCS = sorted([ROOT / "README.md", ROOT / "patches" / "README.md", *(ROOT / "docs").glob("*.md")])
 SCANNED = [

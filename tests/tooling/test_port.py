@@ -19,8 +19,11 @@ from scripted_upstream import edit, pristine_package, status, upstream_repo
 from vllm_ascend_patchset import cli
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, overlay_config_reads
 from vllm_ascend_patchset.hunks import Hunk, parse_diff
-from vllm_ascend_patchset.port import _DEFINITION, APPLIES, CONFLICT, MERGED, PortError, port
-from vllm_ascend_patchset.series import PACKAGE, load_overlay, load_patches
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE
+from vllm_ascend_patchset.port import PortError, port
+from vllm_ascend_patchset.port_report import APPLIES, CONFLICT, MERGED
+from vllm_ascend_patchset.porter import DEFINITION_LINE
+from vllm_ascend_patchset.series import load_overlay, load_patches
 
 ASSEMBLED = conftest.ASSEMBLED
 
@@ -143,8 +146,8 @@ def test_upstream_editing_a_definition_a_hunk_deletes_is_a_conflict(tmp_path, pr
     found = None
     for patch, path, n, hunk in _hunks():
         text = (pristine.parent / path).read_text()
-        if not hunk.added and any(_DEFINITION.match(line) for line in hunk.removed):
-            body = [line for line in hunk.removed if not _DEFINITION.match(line) and _unique(text, line)]
+        if not hunk.added and any(DEFINITION_LINE.match(line) for line in hunk.removed):
+            body = [line for line in hunk.removed if not DEFINITION_LINE.match(line) and _unique(text, line)]
             if body:
                 found = patch.name, path, n, body[0]
                 break
@@ -187,11 +190,7 @@ def test_a_removed_ascend_metadata_field_fails_the_metadata_contract(tmp_path, p
 
 def test_a_config_flag_our_code_reads_that_upstream_renamed_fails_the_config_contract(tmp_path, pristine):
     config_source = (pristine / ASCEND_CONFIG).read_text()
-    flag = next(
-        r.path[0]
-        for r in overlay_config_reads(conftest.ROOT / "vllm_ascend_overlay")
-        if f"self.{r.path[0]} = " in config_source
-    )
+    flag = next(r.path[0] for r in overlay_config_reads(OVERLAY_DIR) if f"self.{r.path[0]} = " in config_source)
     repo = _repo(
         tmp_path,
         pristine,

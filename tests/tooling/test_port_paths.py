@@ -21,8 +21,9 @@ from scripted_upstream import pristine_package, status, upstream_repo
 from vllm_ascend_patchset import cli
 from vllm_ascend_patchset.checkout_files import CheckoutPathError, path_problems, write_text
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE
 from vllm_ascend_patchset.port import PortError, port
-from vllm_ascend_patchset.series import OVERLAY_DIR, PACKAGE, load_overlay, load_patches
+from vllm_ascend_patchset.series import load_overlay, load_patches
 
 OURS = "core/cpp_config.py"  # a new file of ours that our patches import
 FOLDER = "dual_stream"  # a folder only we have

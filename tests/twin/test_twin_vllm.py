@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from vllm_ascend_patchset import paths
 from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.optimum import optimum
 from vllm_ascend_patchset.twin.pipeline import BatchRecord
@@ -46,7 +47,7 @@ CASES = {
 # The CPP gates: one prompt on the committed CPU surface and on the synthetic accelerator-like
 # one, at P = 2 and 4; ours must be within 3% of the least TTFT any chunking reaches, and never
 # slower than upstream's CPP.
-CPU_SURFACE = str(pol.ROOT / "tests" / "data" / "cpu_surface.csv")
+CPU_SURFACE = str(paths.CPU_SURFACE)
 GATE_CHUNK = 8192
 GATE_PROMPT = long_prompt(24 * 1024)
 GATES = {
@@ -56,7 +57,7 @@ GATES = {
 }
 # Surfaces a quadratic cannot follow: measured on this CPU at other widths and depths, and the
 # stress family (twin/stress.py); one prompt at P = 4. And short prompts on deep pipelines.
-DATA = pol.ROOT / "tests" / "data"
+DATA = paths.DATA_DIR
 GATES.update(
     {
         f"gate-{name}-p4": pol.Setup(spec, 4, GATE_PROMPT)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import policies as pol
-from .command import build_workloads, parse_chunks, parse_smooth_factors
+from .options import build_workloads, parse_chunks, parse_smooth_factors
 from .report import figures_from_result
 
 DEFAULT_BASE_CHUNKS = (4096, 6144, 8192, 12288, 16384)

@@ -22,6 +22,8 @@ from pathlib import Path
 import conftest
 from vllm_ascend_patchset.paths import SCRIPTS_DIR, TESTS_DIR
 
+FULL_TIER = "every rank runs vLLM and torch in a process of its own"  # tiers.py: what it needs
+
 
 def free_port() -> int:
     with socket.socket() as s:

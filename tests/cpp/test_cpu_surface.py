@@ -83,6 +83,7 @@ def test_each_measured_surface_has_repeats_and_a_visible_attention_term(path):
 
 
 @pytest.mark.parametrize("path", SURFACES, ids=lambda p: p.name)
+@pytest.mark.full_tier("upstream's predictor imports vLLM's logger")
 def test_the_model_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(upstream, path):
     samples = read_surface(path)
     histories, chunks = grid_levels(samples)

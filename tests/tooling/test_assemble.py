@@ -294,6 +294,7 @@ def _uses(tree: Path) -> collections.Counter:
     return counts
 
 
+@pytest.mark.full_tier("reads the assembled tree")
 def test_no_patch_leaves_upstream_code_it_made_unused():
     """A top-level class or function of a patched file that upstream used somewhere must not be left
     behind unused (only its definition mentions it) in the shipped tree: remove it in the patch."""

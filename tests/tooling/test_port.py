@@ -59,6 +59,7 @@ def _unique(text: str, line: str) -> bool:
     return line.strip() != "" and text.count(line) == 1
 
 
+@pytest.mark.full_tier("compares with the assembled tree")
 def test_porting_onto_the_pin_itself_applies_every_hunk_and_reproduces_the_assembly(tmp_path, pristine):
     repo = _repo(tmp_path, pristine)
     report = _port(repo, pristine)
@@ -81,6 +82,7 @@ def _context_hunk(pristine: Path) -> tuple[str, str, int, Hunk]:
     pytest.skip("no hunk of the series has three lines of leading context")
 
 
+@pytest.mark.full_tier("compares with the assembled tree")
 def test_moved_and_changed_context_merges_cleanly(tmp_path, pristine):
     patch, path, number, hunk = _context_hunk(pristine)
     edited = hunk.old[0].rstrip("\n") + "  # upstream edited this context line\n"

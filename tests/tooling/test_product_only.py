@@ -10,9 +10,11 @@ import ast
 from pathlib import Path
 
 import conftest
+import pytest
 from vllm_ascend_patchset.paths import SCRIPTS_DIR, TESTS_DIR
 from vllm_ascend_patchset.series import load_overlay
 
+pytestmark = pytest.mark.full_tier("reads the assembled tree")
 PACKAGE = conftest.ASSEMBLED / "vllm_ascend"
 # The CPU stand-ins of the dual-stream backend interface (the tests' and the bench's emulated
 # link), the bench's attention and batch stand-ins, and the old test-only switch.

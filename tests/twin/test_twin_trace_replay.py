@@ -14,6 +14,7 @@ from vllm_ascend_patchset.twin.report import figures_from_result
 from vllm_ascend_patchset.twin.slo import Slo
 from vllm_ascend_patchset.twin.traces import read_trace
 
+pytestmark = pytest.mark.full_tier("the twin's policy workers import vLLM and the assembled tree")
 A = list(range(100, 108))
 # (timestamp ms, prompt tokens, output tokens, block ids): 512-token blocks.
 TRACE = [

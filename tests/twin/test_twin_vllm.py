@@ -23,6 +23,7 @@ SURFACE = "quadratic:20,0.06,2e-5,4e-6,4e-6"
 COEFFS = QuadraticSurface(20, 0.06, 2e-5, 4e-6, 4e-6)
 CHUNK = 2048
 LONG = long_prompt(12 * 1024)
+pytestmark = pytest.mark.full_tier("the twin's policy workers import vLLM and the assembled tree")
 MIXED = mixed(COEFFS, 2, seed=5, num_requests=8, min_prompt_tokens=1024, max_prompt_tokens=6144,
               prefix_hit_share=0.5, min_output_tokens=2, max_output_tokens=10, load=0.8,
               reference_chunk_tokens=CHUNK)  # fmt: skip

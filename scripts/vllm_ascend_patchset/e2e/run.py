@@ -17,7 +17,7 @@ import sys
 from . import bench, smoke
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm_ascend_patchset.e2e.run", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_smoke = sub.add_parser("smoke", help="CI smoke test: profile, serve, restart from the cache, stop cleanly")
@@ -29,7 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     p_uneven.add_argument("--prompt-tokens", type=int, default=16384)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     bench.add_arguments(p_bench)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "smoke":
         return smoke.smoke(args)
     if args.command == "uneven":

@@ -38,7 +38,7 @@ STOP_GRACE_S = 60.0
 OURS_SCHEDULER = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
 UPSTREAM_SCHEDULER = OURS_SCHEDULER  # the same path in the pristine tree
 WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
-# Fewer profiling runs than the NPU defaults (64 sizes x 3 + history): two CPU cores.
+# Ours' profiling settings on the CPU engine (the twin predicts with the same); docs/e2e.md gives the runs.
 OURS_PROFILE = {"profile_points": 32, "profile_repeats": 3, "profile_history_points": 4}
 PROFILED_RE = re.compile(r"\[CPP\] latency model .* from (profiled .*|cache .*)")
 WORKER_PROFILE_MARK = "[CPP e2e] start-up profiling run"

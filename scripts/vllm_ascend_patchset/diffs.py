@@ -27,6 +27,7 @@ from email.utils import format_datetime
 from pathlib import Path
 
 from .assemble import Assembly, apply_patch
+from .graphs import strongly_connected_parts
 from .hunks import git_diff
 from .imports import defined_names, import_statements, module_of
 from .paths import DIST_DIR
@@ -201,35 +202,7 @@ def commit_groups(needs: dict[int, set[int]]) -> list[list[int]]:
     """Changes grouped into commits: the strongly connected parts of ``needs`` (changes that need
     each other land together), in an order that puts every change after what it needs, and
     otherwise keeps the given order."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    stack: list[int] = []
-    on_stack: set[int] = set()
-    groups: list[list[int]] = []
-
-    def visit(v: int) -> None:  # Tarjan; a feature has a handful of changes, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(needs[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            groups.append(sorted(group))
-
-    for v in sorted(needs):
-        if v not in index:
-            visit(v)
+    groups = strongly_connected_parts(needs)
     group_of = {v: g for g, members in enumerate(groups) for v in members}
     waits = {g: {group_of[w] for v in members for w in needs[v]} - {g} for g, members in enumerate(groups)}
     ready = [(members[0], g) for g, members in enumerate(groups) if not waits[g]]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from source_imports import Import, imports_of, module_name
+from vllm_ascend_patchset.graphs import strongly_connected_parts
 from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE, ROOT, SCRIPTS_DIR, TESTS_DIR
 
 TOOLING = "vllm_ascend_patchset"
@@ -38,41 +39,15 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The import circles of ``graph``: its strongly connected parts of more than one module (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            part = []
-            while True:
-                w = stack.pop()
-                part.append(w)
-                if w == v:
-                    break
-            if len(part) > 1:
-                found.append(sorted(part))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    """The import circles of ``graph``: its strongly connected parts of more than one module."""
+    return [part for part in strongly_connected_parts(graph) if len(part) > 1]
 
 
 def test_the_circle_finder_finds_a_circle_through_a_lazy_import_and_only_circles():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert circles(graph) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+    assert strongly_connected_parts({"a": {"b"}, "b": set(), "c": {"a"}}) == [["b"], ["a"], ["c"]], "needs first"
 
 
 def test_no_import_circle_among_the_tooling_modules():

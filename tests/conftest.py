@@ -143,6 +143,14 @@ def private_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pristine() -> Path:
+    """The pinned release's ``vllm_ascend/``, unpacked once a session: what the port tests port onto."""
+    from scripted_upstream import pristine_package
+
+    return pristine_package()
+
+
+@pytest.fixture(scope="session")
 def dead_pid() -> int:
     """The pid of a process that has exited (what a killed build leaves in its scratch names)."""
     child = subprocess.Popen([sys.executable, "-c", ""])

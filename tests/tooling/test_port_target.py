@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from git_repo import git
-from scripted_upstream import edit, pristine_package, status, upstream_repo
+from scripted_upstream import edit, status, upstream_repo
 from vllm_ascend_patchset import port as port_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.hunks import git_diff
@@ -31,11 +31,6 @@ UPSTREAM_RETURN = '    return "vllm_ascend.platform.AscendPlatform"\n'
 LOADERS = "    register_rforkloader()\n"
 HEADER = {"Description": "Mark the platform and the loaders", "Feature": "build", "Forwarded": "no"}
 NAME = "0001-synthetic.patch"
-
-
-@pytest.fixture(scope="module")
-def pristine() -> Path:
-    return pristine_package()
 
 
 def _marked(text: str, loaders_note: str = "    # patch set: loaders registered\n", ret: str = PINNED_RETURN) -> str:

@@ -19,11 +19,13 @@ from vllm_ascend_patchset.e2e import run as e2e_run
 from vllm_ascend_patchset.e2e import servers as e2e_servers
 from vllm_ascend_patchset.e2e import smoke as e2e_smoke
 from vllm_ascend_patchset.e2e.model import TINY_QWEN3
-from vllm_ascend_patchset.paths import BENCH_DIR, OVERLAY_DIR, ROOT
+from vllm_ascend_patchset.paths import BENCH_DIR, CPU_SURFACE, DATA_DIR, OVERLAY_DIR, ROOT
 from vllm_ascend_patchset.python_source import class_def, parse_file
 from vllm_ascend_patchset.twin import engine, optimum, slo, stress, surface, workloads
 from vllm_ascend_patchset.twin.command import build_parser as twin_parser
 from vllm_ascend_patchset.twin.policies import ours as ours_policy
+from vllm_ascend_patchset.twin.surface_files import load_surface
+from vllm_ascend_patchset.twin.traces import cached_prefix_tokens, read_trace
 
 WORDS = {1: "once", 2: "two"}  # how the docs write small counts in prose
 SHARES = {0.5: "half"}
@@ -121,10 +123,49 @@ def test_the_twin_docs_numbers_are_the_codes():
     says("docs/cpp-twin.md", f"until the result is certified to {rel_tol:.0e}".replace("e-0", "e-"))
     says("docs/cpp-twin.md", f"sin(2 pi k / {surface.StageTimer.DRIFT_PERIOD_CALLS})")
     says("docs/cpp-twin.md", f"COUNT to `--requests` ({twin_parser().parse_args([]).requests})")
+    defaults = parse_cpp_config({})
+    *_, runs = profile_runs(8192, defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points)
+    warm_up = cpp_profiling.WARMUP_RUNS
+    says("docs/cpp-twin.md", f"ours: {runs + warm_up} profiling runs; latency model from profiled ({runs} runs after")
+    says("docs/cpp-twin.md", f"({runs} runs after {warm_up} warm-up)")
     names = sorted(re.findall(r"`stress:([\w-]+)`", (ROOT / "docs/cpp-twin.md").read_text()))
     assert names == sorted(stress.STRESS_SURFACES)
     assert cpp_samples.MAX_TOKENS == 2**30
     says("docs/cpp-twin.md", "whole token counts up to 2^30")
+
+
+def test_the_default_goodput_bounds_the_twin_doc_quotes_are_the_codes():
+    bounds = {
+        name: [slo.default_slo(load_surface(spec), stages, slo.REFERENCE_TOKENS) for stages in (2, 4)]
+        for name, spec in (("synthetic", "synthetic"), ("cpu", str(CPU_SURFACE)))
+    }
+    ttft = {name: [f"{b.ttft_ms / 1000:.2f} s" for b in pair] for name, pair in bounds.items()}
+    tpot = {name: [f"{b.tpot_ms:.0f} ms" for b in pair] for name, pair in bounds.items()}
+    says(
+        "docs/cpp-twin.md",
+        f"On the synthetic surface: {ttft['synthetic'][0]} at P = 2, {ttft['synthetic'][1]} at P = 4; on the CPU "
+        f"surface {ttft['cpu'][0]} and {ttft['cpu'][1]}.",
+    )
+    says(
+        "docs/cpp-twin.md",
+        f"Synthetic: {tpot['synthetic'][0]} (P = 2), {tpot['synthetic'][1]} (P = 4); CPU: {tpot['cpu'][0]}, "
+        f"{tpot['cpu'][1]}.",
+    )
+
+
+def test_the_prefix_hits_of_the_bench_slices_are_what_the_twin_doc_counts():
+    records = read_trace(DATA_DIR / "traces" / "mooncake.jsonl", 96)
+    counted = {}
+    for start in (0, 32, 64):
+        part = records[start : start + 32]
+        hits = cached_prefix_tokens(part, engine.BLOCK_TOKENS)
+        counted[start] = (sum(1 for h in hits if h), sum(hits) / sum(r.input_tokens for r in part))
+    names = {0: "none", 1: "one", 2: "two"}
+    says(
+        "docs/cpp-twin.md",
+        f"`@32:32` has {names[counted[32][0]]} hits ({counted[32][1]:.0%} of its prompt tokens), `@64:32` "
+        f"{names[counted[64][0]]}, `@0:32` {names[counted[0][0]]}.",
+    )
 
 
 def test_the_trace_section_of_make_bench_is_what_the_twin_doc_describes():

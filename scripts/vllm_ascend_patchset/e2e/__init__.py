@@ -3,5 +3,7 @@
 Modules: ``model`` (the tiny Qwen3 made locally), ``serve`` (``vllm serve`` with CPP's
 engine-core hooks), ``engine_hooks`` (what runs in the spawned engine core), ``worker``
 (the CPU worker extension: profiling RPC and step timing through worker/cpp_timing.py),
-``run`` (servers, the client that measures TTFT, ``smoke`` and ``bench``).
+``servers`` (the servers of the twin's policies and the client that measures TTFT),
+``smoke`` (the CI smoke test and the uneven-stages check), ``bench`` (``make bench-e2e``),
+``twin_predict`` (the twin's prediction of the bench's cases), ``run`` (the command line).
 """

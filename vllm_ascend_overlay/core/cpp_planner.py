@@ -8,9 +8,12 @@ token of the prefills the scheduler holds, given P stages:
    grants); their total time is integrated over the prompt (Simpson's rule on the
    time per token of the chunk covering each position, read from the measured model),
    and the TTFT of the j-th prefill in FCFS order is the work of prefills 1..j plus
-   (P - 1) times the largest batch, the batches still in flight included. One prompt at
-   a shallow pipeline wants large chunks; a deep pipeline wants smaller ones to shorten
-   the fill; a backlog wants the most tokens per millisecond.
+   (P - 1) times the largest batch, the batches still in flight included. Requests
+   expected meanwhile (``Load``: the arrival rate measured over the latest arrivals, and
+   the latest prefills as the sample of their sizes) find the held work, queue behind
+   each other as at one server (Pollaczek-Khinchine), then do their own work and drain.
+   One prompt at a shallow pipeline wants large chunks; a deep pipeline wants smaller ones
+   to shorten the fill; a backlog, or load, wants the most tokens per millisecond.
 2. The engine keeps at most P batches in flight, so a batch shorter than the one P
    places before it cannot start earlier: the largest batch in flight counts in the
    fill and drain term, and T does not drop for a gain it cannot have.
@@ -20,13 +23,14 @@ token of the prefills the scheduler holds, given P stages:
    most P in flight (``pipeline_done_ms``), against the targets at which its chunk count
    steps, where the best target lies.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
-   grows with T. When requests are decoding, T is at most the time of the next batch
-   under the fixed chunk that would serve the same prefills best (the chunk a user would
-   tune by hand), so decodes wait no longer than under that chunk, and within that bound
-   the planner still chooses the chunks. It then takes the shortest T whose prefill work
-   is within ``DECODE_WORK_SLACK`` of that of the TTFT-best T; where the work is flat in
-   T batches get much shorter for almost nothing. ``max_batch_ms`` bounds T for an
-   explicit latency objective.
+   grows with T. When requests are decoding, T is at most the mean batch time the held
+   prefills would get under the fixed chunk tuned for this traffic (the size whose
+   predicted mean TTFT under the same load is least: the chunk a user would tune by
+   hand), so decodes wait no longer than under that chunk, and within that bound the
+   planner still chooses the chunks. It then takes the shortest T whose predicted mean
+   TTFT is within ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get
+   much shorter for almost nothing. ``max_batch_ms`` bounds T for an explicit latency
+   objective.
 
 The search runs only when the set of held prefills changes, never per step. Pure
 Python and numpy: no vLLM.
@@ -36,11 +40,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan, StepBudget
 
-__all__ = ["DECODE_WORK_SLACK", "EXACT_MAX_CHUNKS", "PLAN_MAX_PREFILLS", "plan_target", "prefill_chunk_ms"]
+__all__ = [
+    "DECODE_SLACK",
+    "EXACT_MAX_CHUNKS",
+    "MIN_ROOM",
+    "NO_LOAD",
+    "PLAN_MAX_PREFILLS",
+    "Load",
+    "fixed_chunk_batch_ms",
+    "plan_target",
+    "prefill_chunk_ms",
+    "queue_wait_ms",
+    "tuned_fixed_chunk",
+]
 
 PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for (FCFS head; later ones count as arrivals)
 _PLAN_PANELS = 6  # Simpson panels per prefill
@@ -50,7 +67,21 @@ _NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a pre
 _SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
 EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
 _STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
-DECODE_WORK_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best work
+DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best mean TTFT
+MIN_ROOM = 0.05  # the queue's wait is never taken closer to saturation than this
+
+
+@dataclass(frozen=True)
+class Load:
+    """The traffic the plan expects: arrivals per ms, that rate's relative standard error, and
+    (history, tokens) of the latest prefills as the sample of what arrives."""
+
+    arrivals_per_ms: float = 0.0
+    rate_error: float = 1.0
+    jobs: tuple[tuple[int, int], ...] = ()
+
+
+NO_LOAD = Load()
 
 
 def target_bounds(rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
@@ -76,15 +107,16 @@ def plan_target(
     fixed_ms: float | None = None,
     inflight_ms: float = 0.0,
     decoding: int = 0,
-    arrivals_per_ms: float = 0.0,
+    load: Load = NO_LOAD,
 ) -> Plan:
     """The plan whose target minimises the predicted mean TTFT of ``prefills`` (see the module docstring).
 
     ``prefills``: (history_tokens, remaining_tokens) in FCFS order; ``fixed_ms``: each
     batch's cost before any prefill (the model's fixed cost plus the decodes it carries);
     ``inflight_ms``: the largest predicted time of a batch still in flight; ``decoding``:
-    how many requests are decoding (rule 4 applies when there are any). Always returns a
-    finite target within the bounds.
+    how many requests are decoding (rule 4 applies when there are any); ``load``: the
+    traffic, for the requests expected meanwhile and for rule 4's fixed chunk (its jobs are
+    the held prefills when it has none). Always returns a finite target within the bounds.
     """
     model = rule.model
     fixed_ms = model.fixed_ms if fixed_ms is None else max(float(fixed_ms), model.fixed_ms)
@@ -95,20 +127,24 @@ def plan_target(
     low, high = target_bounds(rule, held, fixed_ms)
     if not held or high <= low * (1.0 + 1e-6):
         return Plan(high, fixed_ms, efficient)
+    if not load.jobs:
+        load = Load(load.arrivals_per_ms, load.rate_error, tuple(held))
     if decoding:
-        # Decodes wait for every batch: none longer than the next batch of the best fixed chunk.
-        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, fixed_ms, inflight_ms, arrivals_per_ms)))
+        # Decodes wait for every batch: none longer, on average, than the batches the fixed
+        # chunk tuned for this traffic would make of the held prefills.
+        tuned = tuned_fixed_chunk(rule, load, fixed_ms)
+        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms)))
         if high <= low * (1.0 + 1e-6):
             return Plan(high, fixed_ms, efficient)
     candidates = low * (high / low) ** _GRID_STEPS
-    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, arrivals_per_ms)
+    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load)
     best = int(np.argmin(costs))
     if not np.isfinite(costs[best]):
         return Plan(high, fixed_ms, efficient)
     # Refine between the neighbours of the best candidate.
     lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
     fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
-    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, arrivals_per_ms)
+    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, load)
     candidates = np.concatenate([candidates, fine])
     costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
     best = int(np.argmin(costs))
@@ -117,17 +153,33 @@ def plan_target(
             rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient
         )
         return Plan(target, fixed_ms, efficient)
-    # Decodes ride in these batches and wait for each one: take the shortest batch that
-    # does the prefills' work within DECODE_WORK_SLACK of the best target's.
-    shorter = (candidates <= candidates[best]) & (work <= work[best] * (1.0 + DECODE_WORK_SLACK))
+    # Decodes ride in these batches and wait for each one: take the shortest batch whose
+    # predicted mean TTFT is within DECODE_SLACK of the best target's.
+    shorter = (candidates <= candidates[best]) & (costs <= costs[best] * (1.0 + DECODE_SLACK))
     return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
+
+
+def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
+    """The mean wait of arrivals queueing for jobs of ``service_ms`` (rows: candidates; columns: a
+    sample of jobs) at one server (Pollaczek-Khinchine: ``rate E[S^2] / (2 (1 - rate E[S]))``).
+
+    The rate is known only to within its relative error, so the room below saturation is
+    never taken as less than that error (nor than ``MIN_ROOM``): a few bursty arrivals do
+    not make a queue the model would amplify without bound, and past saturation the wait
+    stays finite and still grows with the work the jobs take, so the candidate closest to
+    keeping up wins."""
+    rate = load.arrivals_per_ms
+    mean_ms, square_ms = service_ms.mean(axis=-1), (service_ms**2).mean(axis=-1)
+    room = np.maximum(1.0 - rate * mean_ms, max(load.rate_error, MIN_ROOM))
+    return rate * square_ms / (2.0 * room)
 
 
 def mean_ttft(
     request_ms: np.ndarray, chunks: np.ndarray, fixed_ms: float, batch_ms: np.ndarray, drain_ms: np.ndarray,
-    arrivals_per_ms: float,
+    load: Load, job_service_ms: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Mean TTFT of the held prefills, and their total time, per candidate (rows).
+    """Mean TTFT of the held prefills and of the requests expected meanwhile, and the held ones'
+    total time, per candidate (rows).
 
     ``request_ms`` (candidates, prefills): each prefill's own work; ``chunks``: how many chunks
     it takes; ``batch_ms`` (candidates): the time a batch may take. Prefills finish in FCFS
@@ -135,18 +187,46 @@ def mean_ttft(
     need as many batches as their work fills at ``batch_ms`` each, and never fewer than the
     chunks of the longest of them (one prefill's chunks cannot share a batch). The j-th's
     first token comes after that work and the drain. Requests expected to arrive while the
-    held ones run (at ``arrivals_per_ms``) wait for half the held work on average, then do
-    their own work and drain: the more of them, the more the pipeline's throughput counts
-    against any one prompt's fill and drain.
+    held ones run (at ``load``'s rate) find half the held work left on average, queue
+    behind each other (``queue_wait_ms`` over ``job_service_ms``, the pipeline time of the
+    latest prefills, or of the held ones), then do their own work and drain: the more load,
+    the more the pipeline's throughput counts against any one prompt's fill and drain.
     """
     room_ms = np.maximum(batch_ms - fixed_ms, 1e-9)[:, None]
     own_ms = np.cumsum(request_ms, axis=1)
     batches = np.maximum(own_ms / room_ms, np.maximum.accumulate(chunks, axis=1))
     work_ms = own_ms + fixed_ms * batches  # (candidates, prefills): the first j prefills' time
     total_ms, count = work_ms[:, -1], work_ms.shape[1]
-    future = arrivals_per_ms * total_ms
-    future_ms = future * (total_ms / 2 + total_ms / count + drain_ms)
-    return (work_ms.sum(axis=1) + count * drain_ms + future_ms) / (count + future), total_ms
+    held_ms = work_ms.sum(axis=1) + count * drain_ms
+    if load.arrivals_per_ms <= 0:
+        return held_ms / count, total_ms
+    service_ms = request_ms + fixed_ms * chunks if job_service_ms is None else job_service_ms
+    wait_ms = queue_wait_ms(load, service_ms)
+    future = load.arrivals_per_ms * total_ms
+    future_ms = total_ms / 2 + wait_ms + service_ms.mean(axis=1) + drain_ms
+    return (held_ms + future * future_ms) / (count + future), total_ms
+
+
+def _prefill_work(
+    rule: ChunkRule, prefills: Sequence[tuple[int, int]], targets: np.ndarray, fixed_ms: float,
+    efficient: EfficientChunks,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Per target and prefill: its own work (ms) and its chunks under the chunk rule, integrated
+    over the prompt; and the largest batch it makes per target."""
+    model = rule.model
+    starts = np.array([float(h) for h, _ in prefills])[:, None]
+    remaining = np.array([float(r) for _, r in prefills])
+    histories = starts + remaining[:, None] * _NODES[None, :]  # (prefills, nodes)
+    chunk = rule.chunk_alone_many(histories[None, :, :], targets[:, None, None], fixed_ms, efficient)
+    # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
+    chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
+    # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
+    # its time per token is what that stretch of the prompt costs.
+    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
+    request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining  # (targets, prefills)
+    chunks = ((1.0 / chunk) @ _SIMPSON) * remaining
+    largest_ms = fixed_ms + np.max(model.request_ms_many(chunk, histories[None, :, :]), axis=(1, 2))
+    return request_ms, chunks, largest_ms
 
 
 def predicted_ttft_ms(
@@ -156,65 +236,65 @@ def predicted_ttft_ms(
     fixed_ms: float,
     inflight_ms: float,
     efficient: EfficientChunks,
-    arrivals_per_ms: float = 0.0,
+    load: Load = NO_LOAD,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per target (vectors): the mean predicted TTFT of ``held``, and their total work in ms."""
-    model = rule.model
-    starts = np.array([float(h) for h, _ in held])[:, None]
-    remaining = np.array([float(r) for _, r in held])
-    histories = starts + remaining[:, None] * _NODES[None, :]  # (prefills, nodes)
+    """Per target (vectors): the mean predicted TTFT of ``held`` and of the requests expected
+    meanwhile (like ``load``'s jobs), and the held prefills' total work in ms."""
     targets = np.asarray(targets, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        chunk = rule.chunk_alone_many(histories[None, :, :], targets[:, None, None], fixed_ms, efficient)
-        # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
-        chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
-        # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
-        # its time per token is what that stretch of the prompt costs.
-        covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-        request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining  # (targets, prefills)
-        chunks = ((1.0 / chunk) @ _SIMPSON) * remaining
-        chunk_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])
-        largest_ms = np.maximum(np.max(chunk_ms, axis=(1, 2)), inflight_ms)
-        mean_ttft_ms, work_ms = mean_ttft(
-            request_ms, chunks, fixed_ms, targets, (rule.num_stages - 1) * largest_ms, arrivals_per_ms
-        )
+        request_ms, chunks, largest_ms = _prefill_work(rule, held, targets, fixed_ms, efficient)
+        job_service_ms = None
+        if load.arrivals_per_ms > 0 and load.jobs:
+            job_ms, job_chunks, _ = _prefill_work(rule, load.jobs, targets, fixed_ms, efficient)
+            job_service_ms = job_ms + fixed_ms * job_chunks
+        drain_ms = (rule.num_stages - 1) * np.maximum(largest_ms, inflight_ms)
+        mean_ttft_ms, work_ms = mean_ttft(request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms)
     ok = np.isfinite(mean_ttft_ms) & (work_ms > 0)
     return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
 
 
-def fixed_chunk_batch_ms(
-    rule: ChunkRule, held: Sequence[tuple[int, int]], fixed_ms: float, inflight_ms: float, arrivals_per_ms: float
-) -> float:
-    """A batch's time under the fixed chunk that would give ``held`` the least predicted mean TTFT.
+def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float) -> float:
+    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
 
-    Fixed chunks are the profiled sizes from the floor to the cap; for each, every prefill
-    is chunked at that size, its time per token integrated over the prompt as in
-    ``predicted_ttft_ms``, and a batch holds that many tokens of any prefills. The batch is
-    one of that many tokens at the first held prefill's history.
+    ``load``'s jobs are the sample of what arrives. For each
+    profiled size from the floor to the cap, a job chunked at that size occupies the
+    pipeline for its own time plus a batch's fixed cost per chunk; arrivals queue for it
+    (``queue_wait_ms``), and the first token comes after the wait, the job's own time and the
+    drain through the other stages. The more load, the more a chunk's tokens per millisecond
+    count against the fill and drain it costs.
     """
     model, limits = rule.model, rule.limits
     sizes = np.array(
         [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
         dtype=np.float64,
     )
+    starts = np.array([float(h) for h, _ in load.jobs])[:, None]
+    tokens = np.array([float(n) for _, n in load.jobs])
+    histories = starts + tokens[:, None] * _NODES[None, :]
+    chunk = np.minimum(sizes[:, None, None], tokens[None, :, None])
+    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
+    own_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * tokens  # (sizes, jobs)
+    service_ms = own_ms + fixed_ms * ((1.0 / chunk[:, :, 0]) * tokens)
+    deepest = np.max(histories[:, -1])
+    drain_ms = (rule.num_stages - 1) * (fixed_ms + model.request_ms_many(np.minimum(sizes, tokens.max()), deepest))
+    ttft_ms = queue_wait_ms(load, service_ms) + service_ms.mean(axis=1) + drain_ms
+    return float(sizes[int(np.argmin(ttft_ms))])
+
+
+def fixed_chunk_batch_ms(
+    rule: ChunkRule, held: Sequence[tuple[int, int]], chunk_tokens: float, fixed_ms: float
+) -> float:
+    """The mean time of the batches a fixed chunk makes of ``held``: each prefill's batches
+    over its remaining prompt (their time rises with the history), counted by number. A
+    batch is full (a fixed chunk fills the rest of a prefill's last batch from the next),
+    so batches start from a prefill's history to its end less one chunk."""
     starts = np.array([float(h) for h, _ in held])[:, None]
     remaining = np.array([float(r) for _, r in held])
-    histories = starts + remaining[:, None] * _NODES[None, :]
-    chunk = np.minimum(sizes[:, None, None], remaining[None, :, None])
-    batch_ms = fixed_ms + model.request_ms_many(chunk, histories[None, :, :])  # (sizes, prefills, nodes)
-    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining
-    chunks = remaining / chunk[:, :, 0]
-    # A fixed chunk fills a batch with its tokens: the batch's own time is what those tokens cost.
-    full_ms = fixed_ms + request_ms.sum(axis=1) * sizes / np.maximum(remaining.sum(), 1.0)
-    largest_ms = np.maximum(batch_ms.max(axis=(1, 2)), inflight_ms)
-    mean_ttft_ms, _ = mean_ttft(
-        request_ms, chunks, fixed_ms, np.maximum(full_ms, fixed_ms + 1e-9), (rule.num_stages - 1) * largest_ms,
-        arrivals_per_ms,
-    )  # fmt: skip
-    # A batch of that chunk: its tokens from whichever prefills are held, at the first one's history.
-    best = float(sizes[int(np.argmin(mean_ttft_ms))])
-    return fixed_ms + model.request_ms(best, float(starts[0, 0]))
+    chunk = np.minimum(float(chunk_tokens), remaining)[:, None]
+    histories = starts + (remaining[:, None] - chunk) * _NODES[None, :]
+    mean_ms = rule.model.request_ms_many(np.broadcast_to(chunk, histories.shape), histories) @ _SIMPSON
+    batches = remaining / chunk[:, 0]
+    return fixed_ms + float(mean_ms @ batches / batches.sum())
 
 
 def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:

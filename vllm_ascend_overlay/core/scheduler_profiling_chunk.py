@@ -40,7 +40,6 @@ predicted time until its model output is back.
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import replace
 from typing import Any
 
@@ -91,7 +90,6 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
-        self._cpp_arrivals: deque[float] = deque(maxlen=16)  # arrival times (s) of the latest requests
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -254,8 +252,12 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if self._cpp_plan_key and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
-        held = [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in running_prefills]
-        held += [(r.num_computed_tokens, r.num_tokens - r.num_computed_tokens) for r in waiting]
+        held = []
+        for request in [*running_prefills, *waiting]:
+            history_tokens = request.num_computed_tokens
+            remaining_tokens = request.num_tokens - history_tokens
+            self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
+            held.append((history_tokens, remaining_tokens))
         if not held:
             return
         decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
@@ -265,21 +267,14 @@ class ProfilingChunkScheduler(BalanceScheduler):
             # come out, and planning stays off the step.
             return
         self._cpp_plan_shape = shape
-        plan = self.cpp_policy.replan(held, decoding, arrivals_per_ms=self._cpp_arrivals_per_ms())
+        plan = self.cpp_policy.replan(held, decoding)
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
         arrival = getattr(request, "arrival_time", None)
-        if isinstance(arrival, int | float) and math.isfinite(arrival):
-            self._cpp_arrivals.append(float(arrival))
-
-    def _cpp_arrivals_per_ms(self) -> float:
-        """Requests arriving per millisecond, over the latest arrivals."""
-        arrivals = sorted(self._cpp_arrivals)
-        if len(arrivals) < 4 or arrivals[-1] <= arrivals[0]:
-            return 0.0
-        return (len(arrivals) - 1) / ((arrivals[-1] - arrivals[0]) * 1000.0)
+        if self.cpp_policy is not None and isinstance(arrival, int | float) and math.isfinite(arrival):
+            self.cpp_policy.traffic.arrived(arrival)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:

@@ -1,0 +1,161 @@
+"""The measured load: Traffic's estimate, the queueing wait, the tuned fixed chunk, and rule 4's bound."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, measured_model
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_planner import (
+    MIN_ROOM,
+    NO_LOAD,
+    Load,
+    fixed_chunk_batch_ms,
+    plan_target,
+    queue_wait_ms,
+    target_bounds,
+    tuned_fixed_chunk,
+)
+from vllm_ascend.core.cpp_policy import MIN_ARRIVALS, TRAFFIC_WINDOW, Traffic
+
+LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072)
+PROMPTS = ((0, 16_000), (0, 4000), (2000, 30_000), (0, 8000))
+
+
+def rule_for(truth, num_stages, limits=LIMITS):
+    return ChunkRule(measured_model(truth, noise=0.0, max_history_tokens=limits.max_model_len), limits, num_stages)
+
+
+# Traffic
+
+
+def test_no_rate_until_enough_arrivals():
+    traffic = Traffic()
+    for second in range(MIN_ARRIVALS - 1):
+        traffic.arrived(float(second))
+    assert traffic.load().arrivals_per_ms == 0.0
+    traffic.arrived(float(MIN_ARRIVALS - 1))
+    load = traffic.load()
+    assert load.arrivals_per_ms == pytest.approx(1e-3)  # one a second
+    assert load.rate_error == pytest.approx(1.0 / math.sqrt(MIN_ARRIVALS - 1))
+
+
+def test_arrivals_at_one_instant_give_no_rate():
+    traffic = Traffic()
+    for _ in range(TRAFFIC_WINDOW):
+        traffic.arrived(5.0)
+    assert traffic.load().arrivals_per_ms == 0.0
+
+
+def test_the_rate_follows_the_latest_arrivals_and_its_error_shrinks_with_them():
+    traffic = Traffic()
+    for second in range(100):  # slow traffic long ago
+        traffic.arrived(10.0 * second)
+    start = 1000.0
+    for i in range(TRAFFIC_WINDOW):  # then 4 a second
+        traffic.arrived(start + 0.25 * i)
+    load = traffic.load()
+    assert load.arrivals_per_ms == pytest.approx(4e-3)
+    assert load.rate_error == pytest.approx(1.0 / math.sqrt(TRAFFIC_WINDOW - 1))
+
+
+def test_a_prefill_counts_once_as_first_held_and_the_sample_is_bounded():
+    traffic = Traffic()
+    traffic.held("a", 0, 9000)
+    traffic.held("a", 4096, 4904)  # the same prompt, a chunk later: not a second job
+    traffic.held("done", 100, 0)  # nothing left to prefill: not a job
+    assert traffic.load().jobs == ((0, 9000),)
+    for i in range(2 * TRAFFIC_WINDOW):
+        traffic.held(f"r{i}", 0, 100 + i)
+    jobs = traffic.load().jobs
+    assert len(jobs) == TRAFFIC_WINDOW
+    assert jobs[0] == (0, 100 + TRAFFIC_WINDOW) and jobs[-1] == (0, 100 + 2 * TRAFFIC_WINDOW - 1)
+
+
+# The queueing wait
+
+
+def test_the_wait_is_pollaczek_khinchine_away_from_saturation():
+    service_ms = np.array([[100.0, 300.0], [50.0, 50.0]])
+    rate = 1e-3  # utilisation 0.2 and 0.05
+    wait = queue_wait_ms(Load(rate, 0.01), service_ms)
+    expected = [rate * (100.0**2 + 300.0**2) / 2 / (2 * (1 - rate * 200.0)), rate * 2500.0 / (2 * (1 - rate * 50.0))]
+    assert wait == pytest.approx(expected)
+
+
+def test_near_and_past_saturation_the_wait_stays_finite_and_grows_with_the_work():
+    service_ms = np.array([[900.0], [1000.0], [2000.0], [4000.0]])
+    wait = queue_wait_ms(Load(1e-3, 0.0), service_ms)  # utilisation 0.9, 1, 2, 4
+    assert np.all(np.isfinite(wait)) and np.all(np.diff(wait) > 0)
+    assert wait[1] == pytest.approx(1e-3 * 1000.0**2 / (2 * MIN_ROOM))
+    # An uncertain rate keeps as much room as its error.
+    assert queue_wait_ms(Load(1e-3, 0.5), service_ms)[1] == pytest.approx(1e-3 * 1000.0**2 / (2 * 0.5))
+
+
+# The tuned fixed chunk
+
+
+def profiled_sizes(rule):
+    return [c for c in rule.model.chunk_tokens if rule.limits.floor_tokens <= c <= rule.limits.cap_tokens]
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, Tiles(256)], ids=["true", "npu", "cpu", "tiles"])
+@pytest.mark.parametrize("stages", [2, 8])
+def test_the_tuned_chunk_is_a_profiled_size_and_never_smaller_under_more_load(truth, stages):
+    """More load weighs a chunk's tokens per millisecond more against the fill and drain it costs."""
+    rule = rule_for(truth, stages)
+    rates = (0.0, 1e-4, 1e-3, 2e-3, 3e-3, 5e-3)
+    chunks = [tuned_fixed_chunk(rule, Load(rate, 0.05, PROMPTS), rule.model.fixed_ms) for rate in rates]
+    assert all(chunk in profiled_sizes(rule) for chunk in chunks)
+    assert chunks == sorted(chunks) and chunks[-1] > chunks[0]
+
+
+def test_without_load_a_deeper_pipeline_tunes_a_smaller_chunk():
+    sizes = [tuned_fixed_chunk(rule_for(TRUE, stages), Load(0.0, 1.0, ((0, 32_768),)), 5.0) for stages in (1, 2, 8)]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
+
+
+@pytest.mark.parametrize("truth", [TRUE, CPU_LIKE, Tiles(256)], ids=["true", "cpu", "tiles"])
+@pytest.mark.parametrize("chunk", [512, 2048, 8192])
+def test_the_fixed_chunk_batch_time_is_the_mean_over_its_batches(truth, chunk):
+    rule = rule_for(truth, 4)
+    held = [(0, 3 * 8192), (4000, 6 * 8192), (0, 300)]  # full batches, and one prompt shorter than any
+    batches = [(min(chunk, r), h + k) for h, r in held for k in range(0, r, chunk)]
+    exact = 7.0 + float(np.mean([rule.model.request_ms(c, h) for c, h in batches]))
+    assert fixed_chunk_batch_ms(rule, held, chunk, 7.0) == pytest.approx(exact, rel=0.02)
+
+
+# Rule 4 and the load in the plan
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE])
+@pytest.mark.parametrize("stages", [2, 4])
+def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
+    rule = rule_for(truth, stages)
+    held = [(0, 60_000), (0, 12_000)]
+    fixed_ms = rule.model.fixed_ms + 2.0
+    load = Load(2e-4, 0.2, PROMPTS)
+    bound = fixed_chunk_batch_ms(rule, held, tuned_fixed_chunk(rule, load, fixed_ms), fixed_ms)
+    low, high = target_bounds(rule, held, fixed_ms)
+    alone = plan_target(rule, held, fixed_ms=fixed_ms, load=load).target_ms
+    planned = plan_target(rule, held, fixed_ms=fixed_ms, decoding=16, load=load).target_ms
+    assert low * (1 - 1e-6) <= planned <= max(low, min(bound, high)) * (1 + 1e-6)
+    assert planned <= alone * (1 + 1e-6)  # decodes never lengthen the batches
+
+
+def test_load_makes_the_planner_value_throughput_on_a_step_bound_device():
+    rule = rule_for(NPU_LIKE, 8)
+    held = [(0, 32_768)]
+    alone = plan_target(rule, held, load=NO_LOAD).target_ms
+    loaded = [plan_target(rule, held, load=Load(rate, 0.1, PROMPTS)).target_ms for rate in (1e-3, 3e-3)]
+    assert alone <= loaded[0] <= loaded[1] and loaded[1] > alone
+
+
+def test_a_load_without_jobs_samples_the_held_prefills():
+    rule = rule_for(TRUE, 4)
+    held = [(0, 40_000), (0, 3000)]
+    without = plan_target(rule, held, load=Load(3e-4, 0.1)).target_ms
+    sampled = plan_target(rule, held, load=Load(3e-4, 0.1, tuple(held))).target_ms
+    assert without == pytest.approx(sampled)

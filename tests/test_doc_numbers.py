@@ -77,6 +77,11 @@ def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
         f"the {cpp_profiling.WARMUP_RUNS} warm-up runs",
     )
     assert len(probed) == 8 and len(on_ladder) == 1
+    says(
+        "vllm_ascend_overlay/core/cpp_profiling.py",
+        f"{sizes} sizes x {lengths} lengths + {probe} probe runs (the eighth is on the ladder), "
+        f"{repeats} passes: {runs} runs after {cpp_profiling.WARMUP_RUNS} warm-up runs",
+    )
     says("docs/cpp.md", f"runs real forward passes: {WORDS[cpp_profiling.WARMUP_RUNS]} warm-up runs (dropped)")
     says("docs/cpp.md", f"the 1-1.5-2 ladder: {', '.join(map(str, ladder[:8]))}, ... up to the base chunk")
     tiles = cpp_acceptance.TILE_CANDIDATES

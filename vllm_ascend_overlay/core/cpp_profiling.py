@@ -28,8 +28,8 @@ history the scheduler will see), so the efficient chunk and the chunk for a time
 read from measurements, at small chunks too; and a tile probe, pairs of sizes S and
 S + 1 without history at odd multiples of each candidate tile (64 to 512 tokens), which
 tells whether time steps at tile boundaries (core/cpp_acceptance.py). For the default
-base chunk of 8192: 17 sizes x 5 lengths + 8 probe runs, 2 passes: 186 runs after 2
-warm-up runs.
+base chunk of 8192: 17 sizes x 5 lengths + 7 probe runs (the eighth is on the ladder),
+2 passes: 184 runs after 2 warm-up runs.
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.

@@ -17,9 +17,9 @@ from vllm_ascend.core import (
     cpp_calibration,
     cpp_chunk_rule,
     cpp_planner,
-    cpp_policy,
     cpp_profiling,
     cpp_samples,
+    cpp_traffic,
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
 from vllm_ascend_patchset.e2e import bench as e2e_bench
@@ -101,9 +101,10 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"by more than {a.FALL_SIGMAS:g} times the scatter and more than {a.STEP_TOKENS} tokens' worth")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
-    window, fewest = cpp_policy.TRAFFIC_WINDOW, cpp_policy.MIN_ARRIVALS
+    says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
+    window, fewest = cpp_traffic.TRAFFIC_WINDOW, cpp_traffic.MIN_ARRIVALS
     says("docs/cpp.md", f"the arrival rate over the latest {window} arrivals (none before {fewest})")
-    says("docs/cpp.md", f"the sizes of the latest {cpp_policy.TRAFFIC_WINDOW} prefills")
+    says("docs/cpp.md", f"the sizes of the latest {cpp_traffic.TRAFFIC_WINDOW} prefills")
     refit_every = inspect.signature(c.OnlineCalibration).parameters["refit_every"].default
     max_shift = inspect.signature(c.OnlineCalibration).parameters["max_shift"].default
     says("docs/cpp.md", f"Every {refit_every} timed steps, if the model is off by more than {c.CALIBRATED_ERROR:.0%}")

@@ -651,3 +651,28 @@ def test_a_fault_in_cpp_never_reaches_the_engine_loop(tmp_path, profiled, target
     assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0]
     assert where in warnings[0] or "the step start" in warnings[0]
     assert not scheduler.uses_schedule_hooks and scheduler.cpp_rule is None
+
+
+def test_a_burst_of_short_prompts_next_to_decodes_is_packed_into_full_batches(tmp_path, profiled):
+    """Many short prompts waiting while requests decode: batches carry many of them, as a fixed
+    chunk would, not about one prompt's worth each (the plan sees the queue behind its head)."""
+    steps_to_first_tokens = {}
+    for name, scheduler in (
+        ("cpp", cached_scheduler(tmp_path, profiled)),
+        ("fixed", helpers.make_scheduler(None, model_dir=tmp_path / "fixed", num_blocks=1024,
+                                         max_num_batched_tokens=BASE_CHUNK, max_num_seqs=16, max_model_len=8192,
+                                         block_size=BLOCK_SIZE, pipeline_parallel_size=2)),
+    ):  # fmt: skip
+        arrivals = [(0, request(f"chat-{i}", 40, 400, start=100 + 50 * i)) for i in range(4)]
+        arrivals += [(3, request(f"burst-{i}", 60, 2, start=10_000 + 100 * i)) for i in range(40)]
+        scheduled, first_token_step = {}, {}
+        outputs = helpers.run_to_completion(scheduler, arrivals, max_steps=3000)
+        for step, out in enumerate(outputs):
+            for rid, tokens in out.num_scheduled_tokens.items():
+                scheduled[rid] = scheduled.get(rid, 0) + tokens
+                if rid.startswith("burst-") and scheduled[rid] >= 60:
+                    first_token_step.setdefault(rid, step)  # the step that finished its prompt
+        assert len(first_token_step) == 40
+        steps_to_first_tokens[name] = sum(first_token_step.values()) / len(first_token_step)
+    # One prompt's worth per batch would take about 40 steps on average; a fixed chunk of 512 packs ~8.
+    assert steps_to_first_tokens["cpp"] <= 2.0 * steps_to_first_tokens["fixed"], steps_to_first_tokens

@@ -8,10 +8,13 @@ token of the prefills the scheduler holds, given P stages:
    grants); their total time is integrated over the prompt (Simpson's rule on the
    time per token of the chunk covering each position, read from the measured model),
    and the TTFT of the j-th prefill in FCFS order is the work of prefills 1..j plus
-   (P - 1) times the largest batch, the batches still in flight included. Requests
-   expected meanwhile (``Load``: the arrival rate measured over the latest arrivals, and
-   the latest prefills as the sample of their sizes) find the held work, queue behind
-   each other as at one server (Pollaczek-Khinchine), then do their own work and drain.
+   (P - 1) times the largest batch, the batches still in flight included. Prefills share
+   batches: the largest batch is T itself when their chunks can fill it. After the first
+   ``PLAN_MAX_PREFILLS`` held ones, the rest count as a queue (their number and tokens).
+   Requests expected meanwhile (``Load``, core/cpp_traffic.py: the arrival rate measured
+   over the latest arrivals, and the latest prefills as the sample of their sizes) find
+   that work, queue behind each other as at one server (Pollaczek-Khinchine), then do
+   their own work and drain.
    One prompt at a shallow pipeline wants large chunks; a deep pipeline wants smaller ones
    to shorten the fill; a backlog, or load, wants the most tokens per millisecond.
 2. The engine keeps at most P batches in flight, so a batch shorter than the one P
@@ -24,13 +27,13 @@ token of the prefills the scheduler holds, given P stages:
    steps, where the best target lies.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
-   prefills would get under the fixed chunk tuned for this traffic (the size whose
-   predicted mean TTFT under the same load is least: the chunk a user would tune by
-   hand), so decodes wait no longer than under that chunk, and within that bound the
-   planner still chooses the chunks. It then takes the shortest T whose predicted mean
-   TTFT is within ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get
-   much shorter for almost nothing. ``max_batch_ms`` bounds T for an explicit latency
-   objective.
+   and queued prefills would get under the fixed chunk tuned for this traffic (the size
+   whose predicted mean TTFT under the same load and queue is least: the chunk a user
+   would tune by hand; a fixed chunk packs short prompts into one batch), so decodes
+   wait no longer than under that chunk, and within that bound the planner still
+   chooses the chunks. It then takes the shortest T whose predicted mean TTFT is within
+   ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get much shorter
+   for almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
 
 The search runs only when the set of held prefills changes, never per step. Pure
 Python and numpy: no vLLM.
@@ -40,48 +43,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan, StepBudget
+from vllm_ascend.core.cpp_traffic import (
+    NO_LOAD,
+    PROMPT_NODES,
+    PROMPT_WEIGHTS,
+    Load,
+    fixed_chunk_batch_ms,
+    queue_wait_ms,
+    tuned_fixed_chunk,
+)
 
-__all__ = [
-    "DECODE_SLACK",
-    "EXACT_MAX_CHUNKS",
-    "MIN_ROOM",
-    "NO_LOAD",
-    "PLAN_MAX_PREFILLS",
-    "Load",
-    "fixed_chunk_batch_ms",
-    "plan_target",
-    "prefill_chunk_ms",
-    "queue_wait_ms",
-    "tuned_fixed_chunk",
-]
+__all__ = ["DECODE_SLACK", "EXACT_MAX_CHUNKS", "PLAN_MAX_PREFILLS", "plan_target", "prefill_chunk_ms"]
 
-PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for (FCFS head; later ones count as arrivals)
-_PLAN_PANELS = 6  # Simpson panels per prefill
+PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for one by one (FCFS head; later ones as a queue)
 _PLAN_GRID = 16  # candidate targets per search round (two rounds)
 _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
-_NODES = np.linspace(0.0, 1.0, 2 * _PLAN_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
-_SIMPSON = np.array([1.0] + [4.0, 2.0] * (_PLAN_PANELS - 1) + [4.0, 1.0]) / (6.0 * _PLAN_PANELS)
 EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
 _STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
 DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best mean TTFT
-MIN_ROOM = 0.05  # the queue's wait is never taken closer to saturation than this
-
-
-@dataclass(frozen=True)
-class Load:
-    """The traffic the plan expects: arrivals per ms, that rate's relative standard error, and
-    (history, tokens) of the latest prefills as the sample of what arrives."""
-
-    arrivals_per_ms: float = 0.0
-    rate_error: float = 1.0
-    jobs: tuple[tuple[int, int], ...] = ()
-
-
-NO_LOAD = Load()
 
 
 def target_bounds(rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
@@ -116,14 +98,18 @@ def plan_target(
     ``inflight_ms``: the largest predicted time of a batch still in flight; ``decoding``:
     how many requests are decoding (rule 4 applies when there are any); ``load``: the
     traffic, for the requests expected meanwhile and for rule 4's fixed chunk (its jobs are
-    the held prefills when it has none). Always returns a finite target within the bounds.
+    the held prefills when it has none). Prefills after the first ``PLAN_MAX_PREFILLS``
+    count as a queue behind them: their number and tokens. Always returns a finite target
+    within the bounds.
     """
     model = rule.model
     fixed_ms = model.fixed_ms if fixed_ms is None else max(float(fixed_ms), model.fixed_ms)
     if not math.isfinite(fixed_ms):
         fixed_ms = model.fixed_ms
     efficient = rule.efficient_chunks()
-    held = [(max(0, int(h)), int(r)) for h, r in prefills if r > 0][:PLAN_MAX_PREFILLS]
+    positions = [(max(0, int(h)), int(r)) for h, r in prefills if r > 0]
+    held, behind = positions[:PLAN_MAX_PREFILLS], positions[PLAN_MAX_PREFILLS:]
+    queued = (len(behind), sum(r for _, r in behind))
     low, high = target_bounds(rule, held, fixed_ms)
     if not held or high <= low * (1.0 + 1e-6):
         return Plan(high, fixed_ms, efficient)
@@ -131,24 +117,24 @@ def plan_target(
         load = Load(load.arrivals_per_ms, load.rate_error, tuple(held))
     if decoding:
         # Decodes wait for every batch: none longer, on average, than the batches the fixed
-        # chunk tuned for this traffic would make of the held prefills.
-        tuned = tuned_fixed_chunk(rule, load, fixed_ms)
-        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms)))
+        # chunk tuned for this traffic would make of the prefills held and queued.
+        tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(positions))
+        high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):
             return Plan(high, fixed_ms, efficient)
     candidates = low * (high / low) ** _GRID_STEPS
-    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load)
+    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load, queued)
     best = int(np.argmin(costs))
     if not np.isfinite(costs[best]):
         return Plan(high, fixed_ms, efficient)
     # Refine between the neighbours of the best candidate.
     lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
     fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
-    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, load)
+    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, load, queued)
     candidates = np.concatenate([candidates, fine])
     costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
     best = int(np.argmin(costs))
-    if not decoding:
+    if not decoding and not queued[0]:  # (the chunk-by-chunk check sees the held prefills alone)
         target = _refine_for_few_chunks(
             rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient
         )
@@ -159,24 +145,9 @@ def plan_target(
     return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
 
 
-def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
-    """The mean wait of arrivals queueing for jobs of ``service_ms`` (rows: candidates; columns: a
-    sample of jobs) at one server (Pollaczek-Khinchine: ``rate E[S^2] / (2 (1 - rate E[S]))``).
-
-    The rate is known only to within its relative error, so the room below saturation is
-    never taken as less than that error (nor than ``MIN_ROOM``): a few bursty arrivals do
-    not make a queue the model would amplify without bound, and past saturation the wait
-    stays finite and still grows with the work the jobs take, so the candidate closest to
-    keeping up wins."""
-    rate = load.arrivals_per_ms
-    mean_ms, square_ms = service_ms.mean(axis=-1), (service_ms**2).mean(axis=-1)
-    room = np.maximum(1.0 - rate * mean_ms, max(load.rate_error, MIN_ROOM))
-    return rate * square_ms / (2.0 * room)
-
-
 def mean_ttft(
     request_ms: np.ndarray, chunks: np.ndarray, fixed_ms: float, batch_ms: np.ndarray, drain_ms: np.ndarray,
-    load: Load, job_service_ms: np.ndarray | None = None,
+    load: Load, job_service_ms: np.ndarray | None = None, queued: tuple[int, np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Mean TTFT of the held prefills and of the requests expected meanwhile, and the held ones'
     total time, per candidate (rows).
@@ -186,11 +157,14 @@ def mean_ttft(
     order; a batch's fixed cost is paid once however many prefills share it, so the first j
     need as many batches as their work fills at ``batch_ms`` each, and never fewer than the
     chunks of the longest of them (one prefill's chunks cannot share a batch). The j-th's
-    first token comes after that work and the drain. Requests expected to arrive while the
-    held ones run (at ``load``'s rate) find half the held work left on average, queue
-    behind each other (``queue_wait_ms`` over ``job_service_ms``, the pipeline time of the
-    latest prefills, or of the held ones), then do their own work and drain: the more load,
-    the more the pipeline's throughput counts against any one prompt's fill and drain.
+    first token comes after that work and the drain. ``queued``: how many requests wait
+    behind them, and one such request's own work and chunks; they share batches as the held
+    ones do, and the i-th of n has its first token after the held work, i n-ths of theirs
+    and the drain. Requests expected to arrive while all those run (at ``load``'s rate)
+    find half that work left on average, queue behind each other (``queue_wait_ms`` over
+    ``job_service_ms``, the pipeline time of the latest prefills, or of the held ones), then
+    do their own work and drain: the more load, the more the pipeline's throughput counts
+    against any one prompt's fill and drain.
     """
     room_ms = np.maximum(batch_ms - fixed_ms, 1e-9)[:, None]
     own_ms = np.cumsum(request_ms, axis=1)
@@ -198,12 +172,18 @@ def mean_ttft(
     work_ms = own_ms + fixed_ms * batches  # (candidates, prefills): the first j prefills' time
     total_ms, count = work_ms[:, -1], work_ms.shape[1]
     held_ms = work_ms.sum(axis=1) + count * drain_ms
+    all_ms = total_ms
+    if queued is not None and queued[0] > 0:
+        waiting, one_ms, one_chunks = queued
+        queue_ms = waiting * one_ms + fixed_ms * np.maximum(waiting * one_ms / room_ms[:, 0], one_chunks)
+        held_ms = held_ms + waiting * (total_ms + drain_ms) + queue_ms * (waiting + 1) / 2
+        count, all_ms = count + waiting, total_ms + queue_ms
     if load.arrivals_per_ms <= 0:
         return held_ms / count, total_ms
     service_ms = request_ms + fixed_ms * chunks if job_service_ms is None else job_service_ms
     wait_ms = queue_wait_ms(load, service_ms)
-    future = load.arrivals_per_ms * total_ms
-    future_ms = total_ms / 2 + wait_ms + service_ms.mean(axis=1) + drain_ms
+    future = load.arrivals_per_ms * all_ms
+    future_ms = all_ms / 2 + wait_ms + service_ms.mean(axis=1) + drain_ms
     return (held_ms + future * future_ms) / (count + future), total_ms
 
 
@@ -212,20 +192,20 @@ def _prefill_work(
     efficient: EfficientChunks,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
     """Per target and prefill: its own work (ms) and its chunks under the chunk rule, integrated
-    over the prompt; and the largest batch it makes per target."""
+    over the prompt; and the most of a batch each prefill can take (its largest chunk's own time)."""
     model = rule.model
     starts = np.array([float(h) for h, _ in prefills])[:, None]
     remaining = np.array([float(r) for _, r in prefills])
-    histories = starts + remaining[:, None] * _NODES[None, :]  # (prefills, nodes)
+    histories = starts + remaining[:, None] * PROMPT_NODES[None, :]  # (prefills, nodes)
     chunk = rule.chunk_alone_many(histories[None, :, :], targets[:, None, None], fixed_ms, efficient)
     # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
     chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
     # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
     # its time per token is what that stretch of the prompt costs.
     covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    request_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * remaining  # (targets, prefills)
-    chunks = ((1.0 / chunk) @ _SIMPSON) * remaining
-    largest_ms = fixed_ms + np.max(model.request_ms_many(chunk, histories[None, :, :]), axis=(1, 2))
+    request_ms = (model.request_ms_many(chunk, covering) / chunk @ PROMPT_WEIGHTS) * remaining  # (targets, prefills)
+    chunks = ((1.0 / chunk) @ PROMPT_WEIGHTS) * remaining
+    largest_ms = np.max(model.request_ms_many(chunk, histories[None, :, :]), axis=2)  # (targets, prefills)
     return request_ms, chunks, largest_ms
 
 
@@ -237,9 +217,11 @@ def predicted_ttft_ms(
     inflight_ms: float,
     efficient: EfficientChunks,
     load: Load = NO_LOAD,
+    queued: tuple[int, int] = (0, 0),
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per target (vectors): the mean predicted TTFT of ``held`` and of the requests expected
-    meanwhile (like ``load``'s jobs), and the held prefills' total work in ms."""
+    """Per target (vectors): the mean predicted TTFT of ``held``, of the ``queued`` (requests,
+    tokens) behind them and of the requests expected meanwhile (like ``load``'s jobs), and the
+    held prefills' total work in ms."""
     targets = np.asarray(targets, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         request_ms, chunks, largest_ms = _prefill_work(rule, held, targets, fixed_ms, efficient)
@@ -247,54 +229,19 @@ def predicted_ttft_ms(
         if load.arrivals_per_ms > 0 and load.jobs:
             job_ms, job_chunks, _ = _prefill_work(rule, load.jobs, targets, fixed_ms, efficient)
             job_service_ms = job_ms + fixed_ms * job_chunks
-        drain_ms = (rule.num_stages - 1) * np.maximum(largest_ms, inflight_ms)
-        mean_ttft_ms, work_ms = mean_ttft(request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms)
+        behind = None
+        if queued[0] > 0:  # one request of the queue's mean size, from no history
+            one_ms, one_chunks, one_largest_ms = _prefill_work(
+                rule, [(0, max(1.0, queued[1] / queued[0]))], targets, fixed_ms, efficient
+            )
+            behind = (queued[0], one_ms[:, 0], one_chunks[:, 0])
+            largest_ms = np.concatenate([largest_ms, queued[0] * one_largest_ms], axis=1)
+        # The largest batch: the target, when the prefills' chunks can fill it, else all of them at once.
+        batch_ms = np.minimum(targets, fixed_ms + largest_ms.sum(axis=1))
+        drain_ms = (rule.num_stages - 1) * np.maximum(batch_ms, inflight_ms)
+        mean_ttft_ms, work_ms = mean_ttft(request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms, behind)
     ok = np.isfinite(mean_ttft_ms) & (work_ms > 0)
     return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
-
-
-def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float) -> float:
-    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
-
-    ``load``'s jobs are the sample of what arrives. For each
-    profiled size from the floor to the cap, a job chunked at that size occupies the
-    pipeline for its own time plus a batch's fixed cost per chunk; arrivals queue for it
-    (``queue_wait_ms``), and the first token comes after the wait, the job's own time and the
-    drain through the other stages. The more load, the more a chunk's tokens per millisecond
-    count against the fill and drain it costs.
-    """
-    model, limits = rule.model, rule.limits
-    sizes = np.array(
-        [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
-        dtype=np.float64,
-    )
-    starts = np.array([float(h) for h, _ in load.jobs])[:, None]
-    tokens = np.array([float(n) for _, n in load.jobs])
-    histories = starts + tokens[:, None] * _NODES[None, :]
-    chunk = np.minimum(sizes[:, None, None], tokens[None, :, None])
-    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    own_ms = (model.request_ms_many(chunk, covering) / chunk @ _SIMPSON) * tokens  # (sizes, jobs)
-    service_ms = own_ms + fixed_ms * ((1.0 / chunk[:, :, 0]) * tokens)
-    deepest = np.max(histories[:, -1])
-    drain_ms = (rule.num_stages - 1) * (fixed_ms + model.request_ms_many(np.minimum(sizes, tokens.max()), deepest))
-    ttft_ms = queue_wait_ms(load, service_ms) + service_ms.mean(axis=1) + drain_ms
-    return float(sizes[int(np.argmin(ttft_ms))])
-
-
-def fixed_chunk_batch_ms(
-    rule: ChunkRule, held: Sequence[tuple[int, int]], chunk_tokens: float, fixed_ms: float
-) -> float:
-    """The mean time of the batches a fixed chunk makes of ``held``: each prefill's batches
-    over its remaining prompt (their time rises with the history), counted by number. A
-    batch is full (a fixed chunk fills the rest of a prefill's last batch from the next),
-    so batches start from a prefill's history to its end less one chunk."""
-    starts = np.array([float(h) for h, _ in held])[:, None]
-    remaining = np.array([float(r) for _, r in held])
-    chunk = np.minimum(float(chunk_tokens), remaining)[:, None]
-    histories = starts + (remaining[:, None] - chunk) * _NODES[None, :]
-    mean_ms = rule.model.request_ms_many(np.broadcast_to(chunk, histories.shape), histories) @ _SIMPSON
-    batches = remaining / chunk[:, 0]
-    return fixed_ms + float(mean_ms @ batches / batches.sum())
 
 
 def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:

@@ -20,8 +20,6 @@ Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
-import math
-from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -30,44 +28,11 @@ import numpy as np
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan, StepBudget
 from vllm_ascend.core.cpp_latency_model import LatencyModel
-from vllm_ascend.core.cpp_planner import Load
+from vllm_ascend.core.cpp_traffic import Traffic
 
-__all__ = ["MAX_BATCHES_IN_FLIGHT", "MIN_ARRIVALS", "TRAFFIC_WINDOW", "CppBatch", "CppPolicy", "Traffic"]
+__all__ = ["MAX_BATCHES_IN_FLIGHT", "CppBatch", "CppPolicy"]
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
-TRAFFIC_WINDOW = 16  # arrivals and prefill sizes the traffic is estimated from
-MIN_ARRIVALS = 4  # fewer arrivals give no rate
-
-
-class Traffic:
-    """The latest arrivals and the sizes of the latest prefills, each bounded; O(1) per request."""
-
-    def __init__(self, window: int = TRAFFIC_WINDOW) -> None:
-        self._arrivals: deque[float] = deque(maxlen=window)  # arrival times (s)
-        self._jobs: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (history, tokens) when first held
-        self._window = window
-
-    def arrived(self, arrival_s: float) -> None:
-        self._arrivals.append(float(arrival_s))
-
-    def held(self, request_id: str, history_tokens: int, remaining_tokens: int) -> None:
-        """A prefill held for a plan: its size counts once, as first seen (prefix-cache hits excluded)."""
-        if request_id in self._jobs:
-            return
-        self._jobs[request_id] = (int(history_tokens), int(remaining_tokens))
-        if len(self._jobs) > self._window:
-            self._jobs.popitem(last=False)
-
-    def load(self) -> Load:
-        """The arrival rate over the latest arrivals (none while too few to tell), its relative
-        standard error (one over the square root of the gaps it is measured over), and the
-        latest prefills' sizes, oldest first."""
-        jobs = tuple(job for job in self._jobs.values() if job[1] > 0)
-        arrivals = sorted(self._arrivals)
-        if len(arrivals) < MIN_ARRIVALS or arrivals[-1] <= arrivals[0]:
-            return Load(jobs=jobs)
-        gaps = len(arrivals) - 1
-        return Load(gaps / ((arrivals[-1] - arrivals[0]) * 1000.0), 1.0 / math.sqrt(gaps), jobs)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ predicted time until its model output is back.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 from typing import Any
@@ -54,6 +55,8 @@ from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
 logger = get_logger(__name__)
+
+PLAN_LOOKAHEAD = 256  # waiting requests a plan sees: the first ones one by one, the rest as a queue
 
 
 def _shape(held: list[tuple[int, int]], decoding: int) -> tuple:
@@ -244,8 +247,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
         Every decoding request, in flight or not, counts (the policy applies its share of a batch).
         """
-        waiting = [r for _, r in zip(range(PLAN_MAX_PREFILLS), self.waiting, strict=False)]
-        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting])
+        waiting = list(itertools.islice(self.waiting, PLAN_LOOKAHEAD))
+        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting[:PLAN_MAX_PREFILLS]])
         self._cpp_steps_since_plan += 1
         if key == self._cpp_plan_key:
             return  # the same prefills in the same order (admission moves one from waiting to running)

@@ -1,4 +1,4 @@
-"""The measured load: Traffic's estimate, the queueing wait, the tuned fixed chunk, and rule 4's bound."""
+"""The traffic: Traffic's estimate, the queueing wait, the tuned fixed chunk, rule 4's bound, the queue in the plan."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ import numpy as np
 import pytest
 from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, measured_model
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
-from vllm_ascend.core.cpp_planner import (
+from vllm_ascend.core.cpp_planner import plan_target, target_bounds
+from vllm_ascend.core.cpp_traffic import (
+    MIN_ARRIVALS,
     MIN_ROOM,
     NO_LOAD,
+    TRAFFIC_WINDOW,
     Load,
+    Traffic,
     fixed_chunk_batch_ms,
-    plan_target,
     queue_wait_ms,
-    target_bounds,
     tuned_fixed_chunk,
 )
-from vllm_ascend.core.cpp_policy import MIN_ARRIVALS, TRAFFIC_WINDOW, Traffic
 
 LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072)
 PROMPTS = ((0, 16_000), (0, 4000), (2000, 30_000), (0, 8000))
@@ -117,14 +118,29 @@ def test_without_load_a_deeper_pipeline_tunes_a_smaller_chunk():
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0]
 
 
+def packed_batches(held, chunk):
+    """(tokens, history) segments of each batch a fixed chunk makes: the prompts' tokens in FCFS order,
+    cut every ``chunk`` tokens (vLLM's token budget spans requests)."""
+    batches, current, room = [], [], chunk
+    for history, remaining in held:
+        while remaining > 0:
+            take = min(room, remaining)
+            current.append((take, history))
+            history, remaining, room = history + take, remaining - take, room - take
+            if room == 0:
+                batches.append(current)
+                current, room = [], chunk
+    return batches + ([current] if current else [])
+
+
 @pytest.mark.parametrize("truth", [TRUE, CPU_LIKE, Tiles(256)], ids=["true", "cpu", "tiles"])
 @pytest.mark.parametrize("chunk", [512, 2048, 8192])
-def test_the_fixed_chunk_batch_time_is_the_mean_over_its_batches(truth, chunk):
+def test_the_fixed_chunk_batch_time_is_the_mean_over_its_full_batches(truth, chunk):
     rule = rule_for(truth, 4)
-    held = [(0, 3 * 8192), (4000, 6 * 8192), (0, 300)]  # full batches, and one prompt shorter than any
-    batches = [(min(chunk, r), h + k) for h, r in held for k in range(0, r, chunk)]
-    exact = 7.0 + float(np.mean([rule.model.request_ms(c, h) for c, h in batches]))
-    assert fixed_chunk_batch_ms(rule, held, chunk, 7.0) == pytest.approx(exact, rel=0.02)
+    held = [(0, 3 * 8192), (4000, 6 * 8192), (0, 300)]
+    full = [b for b in packed_batches(held, chunk) if sum(t for t, _ in b) == chunk]
+    exact = 7.0 + float(np.mean([sum(rule.model.request_ms(t, h) for t, h in b) for b in full]))
+    assert fixed_chunk_batch_ms(rule, held, chunk, 7.0) == pytest.approx(exact, rel=0.03)
 
 
 # Rule 4 and the load in the plan
@@ -137,7 +153,7 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     held = [(0, 60_000), (0, 12_000)]
     fixed_ms = rule.model.fixed_ms + 2.0
     load = Load(2e-4, 0.2, PROMPTS)
-    bound = fixed_chunk_batch_ms(rule, held, tuned_fixed_chunk(rule, load, fixed_ms), fixed_ms)
+    bound = fixed_chunk_batch_ms(rule, held, tuned_fixed_chunk(rule, load, fixed_ms, len(held)), fixed_ms)
     low, high = target_bounds(rule, held, fixed_ms)
     alone = plan_target(rule, held, fixed_ms=fixed_ms, load=load).target_ms
     planned = plan_target(rule, held, fixed_ms=fixed_ms, decoding=16, load=load).target_ms
@@ -159,3 +175,57 @@ def test_a_load_without_jobs_samples_the_held_prefills():
     without = plan_target(rule, held, load=Load(3e-4, 0.1)).target_ms
     sampled = plan_target(rule, held, load=Load(3e-4, 0.1, tuple(held))).target_ms
     assert without == pytest.approx(sampled)
+
+
+# Packing and the queue
+
+
+@pytest.mark.parametrize("chunk", [512, 2048])
+def test_a_fixed_chunk_packs_short_prompts_into_its_batches(chunk):
+    rule = rule_for(TRUE, 4)
+    short = [(0, 100)] * 8
+    token_ms = rule.model.request_ms(100, 0) / 100
+    assert fixed_chunk_batch_ms(rule, short, chunk, 3.0) == pytest.approx(3.0 + min(chunk, 800) * token_ms, rel=0.02)
+    # Queued tokens fill the batch up to the chunk, at the held prompts' cost per token.
+    full_ms = 3.0 + chunk * token_ms
+    assert fixed_chunk_batch_ms(rule, short, chunk, 3.0, queued_tokens=10_000) == pytest.approx(full_ms, rel=0.02)
+
+
+def test_many_waiting_prompts_tune_a_larger_fixed_chunk():
+    """One of many waiting prompts waits for half the others: a chunk's tokens per ms count more."""
+    rule = rule_for(TRUE, 8)
+    jobs = Load(0.0, 1.0, ((0, 20_000),) * 16)
+    chunks = [tuned_fixed_chunk(rule, jobs, rule.model.fixed_ms, pending) for pending in (1, 4, 16, 64)]
+    assert chunks == sorted(chunks) and chunks[-1] > chunks[0]
+
+
+def test_a_queue_behind_the_held_prefills_counts_as_they_would_one_by_one():
+    """Prefills after the first PLAN_MAX_PREFILLS count by number and tokens: for equal prompts
+    the queue's predicted mean TTFT is the one of planning each."""
+    from vllm_ascend.core import cpp_planner
+
+    rule = rule_for(TRUE, 4)
+    prompts = [(0, 600)] * 24
+    targets = np.array([20.0, 60.0, 200.0])
+    efficient = rule.efficient_chunks()
+    one_by_one, _ = cpp_planner.predicted_ttft_ms(rule, prompts, targets, rule.model.fixed_ms, 0.0, efficient)
+    head, behind = prompts[: cpp_planner.PLAN_MAX_PREFILLS], prompts[cpp_planner.PLAN_MAX_PREFILLS :]
+    queued = (len(behind), sum(r for _, r in behind))
+    as_queue, _ = cpp_planner.predicted_ttft_ms(
+        rule, head, targets, rule.model.fixed_ms, 0.0, efficient, NO_LOAD, queued
+    )
+    assert as_queue == pytest.approx(one_by_one, rel=0.02)
+
+
+def test_a_queue_of_short_prompts_gets_batches_that_pack_them():
+    """A burst of short prompts: the plan puts several in a batch (not one per batch, as a
+    fixed chunk of a prompt's size would), with decodes running too; the drain of a full batch
+    keeps the batches from growing to the cap."""
+    rule = rule_for(TRUE, 4)
+    burst = [(0, 200)] * 64
+    one_prompt_ms = rule.model.fixed_ms + rule.model.request_ms(200, 0)
+    _, high = target_bounds(rule, burst[:8], rule.model.fixed_ms)
+    for decoding in (0, 32):
+        fixed_ms = rule.model.fixed_ms + (1.0 if decoding else 0.0)
+        target = plan_target(rule, burst, fixed_ms=fixed_ms, decoding=decoding).target_ms
+        assert 1.5 * one_prompt_ms < target < high / 2

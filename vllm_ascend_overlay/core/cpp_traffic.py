@@ -1,0 +1,156 @@
+"""The traffic CPP plans for: what is measured of it, and the fixed chunk a user would tune for it.
+
+- ``Traffic`` keeps the latest arrival times and the sizes of the latest prefills, each
+  bounded, O(1) per request; ``Traffic.load()`` makes a ``Load`` of them: the arrival
+  rate over the latest arrivals, its relative standard error, and those sizes as the
+  sample of what arrives.
+- ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
+- ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
+  under that load is least (the chunk a user would tune by hand), and
+  ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
+  planner bounds the batch time by it while requests decode.
+
+Prompts are integrated over their length with Simpson's rule (``PROMPT_NODES``,
+``PROMPT_WEIGHTS``), here and in the planner. Pure Python and numpy: no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule
+
+__all__ = [
+    "MIN_ARRIVALS",
+    "MIN_ROOM",
+    "NO_LOAD",
+    "PROMPT_NODES",
+    "PROMPT_WEIGHTS",
+    "TRAFFIC_WINDOW",
+    "Load",
+    "Traffic",
+    "fixed_chunk_batch_ms",
+    "queue_wait_ms",
+    "tuned_fixed_chunk",
+]
+
+TRAFFIC_WINDOW = 16  # arrivals and prefill sizes the traffic is estimated from
+MIN_ARRIVALS = 4  # fewer arrivals give no rate
+MIN_ROOM = 0.05  # the queue's wait is never taken closer to saturation than this
+PROMPT_PANELS = 6  # Simpson panels per prefill
+PROMPT_NODES = np.linspace(0.0, 1.0, 2 * PROMPT_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
+PROMPT_WEIGHTS = np.array([1.0] + [4.0, 2.0] * (PROMPT_PANELS - 1) + [4.0, 1.0]) / (6.0 * PROMPT_PANELS)
+
+
+@dataclass(frozen=True)
+class Load:
+    """The traffic the plan expects: arrivals per ms, that rate's relative standard error, and
+    (history, tokens) of the latest prefills as the sample of what arrives."""
+
+    arrivals_per_ms: float = 0.0
+    rate_error: float = 1.0
+    jobs: tuple[tuple[int, int], ...] = ()
+
+
+NO_LOAD = Load()
+
+
+class Traffic:
+    """The latest arrivals and the sizes of the latest prefills, each bounded; O(1) per request."""
+
+    def __init__(self, window: int = TRAFFIC_WINDOW) -> None:
+        self._arrivals: deque[float] = deque(maxlen=window)  # arrival times (s)
+        self._jobs: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (history, tokens) when first held
+        self._window = window
+
+    def arrived(self, arrival_s: float) -> None:
+        self._arrivals.append(float(arrival_s))
+
+    def held(self, request_id: str, history_tokens: int, remaining_tokens: int) -> None:
+        """A prefill held for a plan: its size counts once, as first seen (prefix-cache hits excluded)."""
+        if request_id in self._jobs:
+            return
+        self._jobs[request_id] = (int(history_tokens), int(remaining_tokens))
+        if len(self._jobs) > self._window:
+            self._jobs.popitem(last=False)
+
+    def load(self) -> Load:
+        """The arrival rate over the latest arrivals (none while too few to tell), its relative
+        standard error (one over the square root of the gaps it is measured over), and the
+        latest prefills' sizes, oldest first."""
+        jobs = tuple(job for job in self._jobs.values() if job[1] > 0)
+        arrivals = sorted(self._arrivals)
+        if len(arrivals) < MIN_ARRIVALS or arrivals[-1] <= arrivals[0]:
+            return Load(jobs=jobs)
+        gaps = len(arrivals) - 1
+        return Load(gaps / ((arrivals[-1] - arrivals[0]) * 1000.0), 1.0 / math.sqrt(gaps), jobs)
+
+
+def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
+    """The mean wait of arrivals queueing for jobs of ``service_ms`` (rows: candidates; columns: a
+    sample of jobs) at one server (Pollaczek-Khinchine: ``rate E[S^2] / (2 (1 - rate E[S]))``).
+
+    The rate is known only to within its relative error, so the room below saturation is
+    never taken as less than that error (nor than ``MIN_ROOM``): a few bursty arrivals do
+    not make a queue the model would amplify without bound, and past saturation the wait
+    stays finite and still grows with the work the jobs take, so the candidate closest to
+    keeping up wins."""
+    rate = load.arrivals_per_ms
+    mean_ms, square_ms = service_ms.mean(axis=-1), (service_ms**2).mean(axis=-1)
+    room = np.maximum(1.0 - rate * mean_ms, max(load.rate_error, MIN_ROOM))
+    return rate * square_ms / (2.0 * room)
+
+
+def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> float:
+    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
+
+    ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
+    to the cap, a job chunked at that size occupies the pipeline for its own time plus a
+    batch's fixed cost per chunk's worth of its tokens (a fixed chunk packs short prompts
+    into one batch); arrivals queue for it
+    (``queue_wait_ms``); of the ``pending`` prefills there now, one waits for half the others
+    on average; the first token comes after the waits, the job's own time and the drain
+    through the other stages. The more load, the more a chunk's tokens per millisecond
+    count against the fill and drain it costs.
+    """
+    model, limits = rule.model, rule.limits
+    sizes = np.array(
+        [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
+        dtype=np.float64,
+    )
+    starts = np.array([float(h) for h, _ in load.jobs])[:, None]
+    tokens = np.array([float(n) for _, n in load.jobs])
+    histories = starts + tokens[:, None] * PROMPT_NODES[None, :]
+    chunk = np.minimum(sizes[:, None, None], tokens[None, :, None])
+    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
+    own_ms = (model.request_ms_many(chunk, covering) / chunk @ PROMPT_WEIGHTS) * tokens  # (sizes, jobs)
+    # A fixed chunk packs prefills into its batches: a job pays the fixed cost per chunk's worth of tokens.
+    service_ms = own_ms + fixed_ms * tokens[None, :] / sizes[:, None]
+    deepest = np.max(histories[:, -1])
+    drain_ms = (rule.num_stages - 1) * (fixed_ms + model.request_ms_many(np.minimum(sizes, tokens.max()), deepest))
+    ttft_ms = queue_wait_ms(load, service_ms) + service_ms.mean(axis=1) * (max(1, pending) + 1) / 2 + drain_ms
+    return float(sizes[int(np.argmin(ttft_ms))])
+
+
+def fixed_chunk_batch_ms(
+    rule: ChunkRule, held: Sequence[tuple[int, int]], chunk_tokens: float, fixed_ms: float, queued_tokens: int = 0
+) -> float:
+    """The mean time of the batches a fixed chunk makes of ``held`` and ``queued_tokens`` more.
+
+    A fixed chunk packs the prefills' tokens into batches of that many (vLLM's token budget
+    spans requests), so a batch holds the chunk, or all the tokens there are if fewer. A
+    token costs what its prefill's chunks cost per token over its remaining prompt (their
+    time rises with the history; a prefill's chunks start from its history to its end less
+    one chunk); queued tokens cost the held ones' mean.
+    """
+    starts = np.array([float(h) for h, _ in held])[:, None]
+    remaining = np.array([float(r) for _, r in held])
+    chunk = np.minimum(float(chunk_tokens), remaining)[:, None]
+    histories = starts + (remaining[:, None] - chunk) * PROMPT_NODES[None, :]
+    mean_ms = rule.model.request_ms_many(np.broadcast_to(chunk, histories.shape), histories) @ PROMPT_WEIGHTS
+    token_ms = float(mean_ms @ (remaining / chunk[:, 0])) / remaining.sum()
+    return fixed_ms + token_ms * min(float(chunk_tokens), remaining.sum() + max(0, queued_tokens))

@@ -143,6 +143,11 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self.dual_stream_measured: MeasuredMode | None = None  # the measured gate, from the first split batch
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
+    @property
+    def dual_stream_active(self) -> bool:
+        """Dual stream is on for this model: enabled, supported here, and not turned off by a fault."""
+        return self._dual_stream_on
+
     def _supports_dual_stream(self) -> bool:
         if self.vllm_config.lora_config is not None:
             logger.warning("[DualStream] LoRA is on; %s stays off.", CONFIG_KEY)

@@ -25,6 +25,8 @@ TEST_ONLY_NAMES = (
     "FakeAscendMetadata",
     "dsbench",
     "dual_stream_strict",
+    "CpuAttentionSplitter",
+    "DsCpuWorker",
 )
 BENCH = conftest.ROOT / "scripts" / "vllm_ascend_patchset" / "dsbench"
 

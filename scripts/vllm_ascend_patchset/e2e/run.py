@@ -344,17 +344,20 @@ def main(argv: list[str] | None = None) -> int:
     p_uneven.add_argument("--prompt-tokens", type=int, default=16384)
     p_ds = sub.add_parser("ds-smoke", help="dual stream at TP=2 and, with CPP, at PP=2 x TP=2: outputs, counters")
     p_ds.add_argument("--cases", default="tp2,pp2-tp2", help="comma-separated: tp2, pp2-tp2")
+    p_ds_bench = sub.add_parser("ds-bench", help="dual stream's prefill time on / off at TP=2 over an emulated link")
+    from . import bench, ds_smoke
+
+    ds_smoke.add_bench_arguments(p_ds_bench)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
-    from . import bench
 
     bench.add_arguments(p_bench)
     args = parser.parse_args(argv)
     if args.command == "smoke":
         return smoke(args)
     if args.command == "ds-smoke":
-        from . import ds_smoke
-
         return ds_smoke.smoke([c.strip() for c in args.cases.split(",") if c.strip()])
+    if args.command == "ds-bench":
+        return ds_smoke.bench(args)
     if args.command == "uneven":
         return uneven_stages(args)
     return bench.run(args)

@@ -25,10 +25,10 @@ import sys
 import time
 import traceback
 
-from dual_stream.tp_worker import BLOCK_SIZE, NUM_BLOCKS, ReferenceAttention, init_weights, scenarios
-
 import torch  # noqa: E402  (tp_worker sets the environment first)
 import torch.distributed as dist  # noqa: E402
+
+from dual_stream.tp_worker import BLOCK_SIZE, NUM_BLOCKS, ReferenceAttention, init_weights, scenarios
 
 TP = 2
 
@@ -154,7 +154,9 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
                 reference_took_dual=ref_dual,
                 took_dual=took_dual,
                 reason=model.dual_stream_last_reason,
-                point=list(map(int, (model.dual_stream_last_point.first_requests, model.dual_stream_last_point.first_tokens)))
+                point=list(
+                    map(int, (model.dual_stream_last_point.first_requests, model.dual_stream_last_point.first_tokens))
+                )
                 if model.dual_stream_last_point is not None
                 else None,
                 max_cache_diff=cache_diff(cache, ref_cache),

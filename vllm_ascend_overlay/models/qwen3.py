@@ -218,8 +218,12 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         """One batch single- and dual-stream, timed; the measured gate keeps the agreed timings."""
         mode = self.dual_stream_measured
         run = ProbeRun(
-            run_single=lambda: Qwen3ForCausalLM.forward(self, input_ids, positions, intermediate_tensors, inputs_embeds),
-            run_dual=lambda: self._forward_dual_stream(point, input_ids, positions, intermediate_tensors, inputs_embeds),
+            run_single=lambda: Qwen3ForCausalLM.forward(
+                self, input_ids, positions, intermediate_tensors, inputs_embeds
+            ),
+            run_dual=lambda: self._forward_dual_stream(
+                point, input_ids, positions, intermediate_tensors, inputs_embeds
+            ),
             synchronize=self._backend().synchronize,
             agree=measured_group.agree(get_tp_group()),
         )

@@ -60,7 +60,7 @@ class CpuAttentionSplitter:
                 return "padded batch"
         if starts is None or len(starts) < 3:
             return "fewer than two requests"
-        lens = [b - a for a, b in zip(starts, starts[1:])]
+        lens = [b - a for a, b in zip(starts, starts[1:], strict=False)]
         if max(lens) <= 1:
             return "DecodeOnly batch"
         return lens

@@ -1,4 +1,6 @@
-"""Dual stream's worker side on vLLM's CPU engine: ``--worker-extension-cls vllm_ascend_patchset.e2e.ds_worker.DsCpuWorker``.
+"""Dual stream's worker side on vLLM's CPU engine.
+
+``--worker-extension-cls vllm_ascend_patchset.e2e.ds_worker.DsCpuWorker``.
 
 vLLM imports this module in every worker to resolve the extension, before the model is
 loaded. Importing it:
@@ -61,9 +63,8 @@ class DecisionLog:
     """The gate's decisions of one worker, written to ``rank<N>.json`` after every forward."""
 
     def __init__(self, model: Any, report_dir: str | None) -> None:
-        from vllm.distributed import get_pp_group, get_tp_group
-
         import torch.distributed as dist
+        from vllm.distributed import get_pp_group, get_tp_group
 
         self.model = model
         self.rank = dist.get_rank() if dist.is_initialized() else 0
@@ -82,7 +83,11 @@ class DecisionLog:
     def after_forward(self, num_tokens: int) -> None:
         point = self.model.dual_stream_last_point
         self.record["decisions"].append(
-            [num_tokens, self.model.dual_stream_last_reason, [point.first_requests, point.first_tokens] if point else None]
+            [
+                num_tokens,
+                self.model.dual_stream_last_reason,
+                [point.first_requests, point.first_tokens] if point else None,
+            ]
         )
         self.record["dual_stream_batches"] = self.model.dual_stream_batches
         if self.path is not None:

@@ -2,7 +2,7 @@
 
 Ranks 0 and 1 are stage 0's TP group, ranks 2 and 3 stage 1's (vLLM's rank layout). Each
 rank builds the patch set's ``DualStreamQwen3ForCausalLM`` with vLLM's real Qwen3 layers
-of its stage (``tp_worker.ReferenceAttention`` in place of the attention kernel), and for
+of its stage (``rank_model.ReferenceAttention`` in place of the attention kernel), and for
 each batch:
 
 - stage 0 runs its layers single-stream and dual-stream from the same KV cache (the
@@ -21,14 +21,20 @@ check that the decision is the same on every TP rank of a stage.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
 
-import torch  # noqa: E402  (tp_worker sets the environment first)
+os.environ.setdefault("VLLM_PLUGINS", "")
+os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dual_stream.tp_worker import BLOCK_SIZE, NUM_BLOCKS, ReferenceAttention, init_weights, scenarios
+from dual_stream.rank_model import BLOCK_SIZE, NUM_BLOCKS, build_rank_model, init_weights  # noqa: E402
+from dual_stream.tp_worker import scenarios  # noqa: E402
 
 TP = 2
 
@@ -42,48 +48,17 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
     started = time.monotonic()
     results: dict = {"rank": rank, "runs": [], "errors": []}
     try:
-        import vllm.model_executor.models.qwen3 as vllm_qwen3
-        from vllm.config import (
-            CompilationConfig,
-            CompilationMode,
-            DeviceConfig,
-            ModelConfig,
-            ParallelConfig,
-            VllmConfig,
-            set_current_vllm_config,
-        )
-        from vllm.distributed import (
-            get_pp_group,
-            get_tp_group,
-            init_distributed_environment,
-            initialize_model_parallel,
-        )
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import get_pp_group, get_tp_group
         from vllm.forward_context import set_forward_context
         from vllm.sequence import IntermediateTensors
         from vllm_ascend.dual_stream.config import DualStreamConfig
-        from vllm_ascend.models.qwen3 import DualStreamQwen3ForCausalLM
 
         from dual_stream.batches import build_batch
         from dual_stream.cpu_backends import GlooAsyncBackend
 
-        model_config = ModelConfig(
-            model=model_dir, skip_tokenizer_init=True, dtype="float32", enforce_eager=True, max_model_len=256
-        )
-        vllm_config = VllmConfig(
-            model_config=model_config,
-            device_config=DeviceConfig(device="cpu"),
-            parallel_config=ParallelConfig(tensor_parallel_size=TP, pipeline_parallel_size=world // TP),
-            compilation_config=CompilationConfig(mode=CompilationMode.NONE, custom_ops=["none"]),
-            additional_config={"dual_stream_config": {"enabled": True, "length_threshold": 2}},
-        )
-        with set_current_vllm_config(vllm_config):
-            init_distributed_environment(
-                world_size=world, rank=rank, distributed_init_method=f"tcp://127.0.0.1:{port}", local_rank=rank,
-                backend="gloo",
-            )  # fmt: skip
-            initialize_model_parallel(tensor_model_parallel_size=TP, pipeline_model_parallel_size=world // TP)
-            vllm_qwen3.Attention = ReferenceAttention
-            model = DualStreamQwen3ForCausalLM(vllm_config=vllm_config).eval()
+        additional = {"dual_stream_config": {"enabled": True, "length_threshold": 2}}
+        model, vllm_config = build_rank_model(rank, world, port, model_dir, tp=TP, additional_config=additional)
         init_weights(model)
         pp, tp = get_pp_group(), get_tp_group()
         results.update(stage=pp.rank_in_group, tp_rank=tp.rank_in_group, layers=[model.model.start_layer,

@@ -58,6 +58,10 @@ def test_prompts_are_unique_per_request_and_repeatable():
          "cache /p/cpp-profile-ab.json"),
         ("[ProfilingChunk] start-up profile rejected (fit error too large)", None),
         ("[ProfilingChunk] Profiling completed successfully", run.UPSTREAM_PROFILED),
+        ("[CPP] latency model from profiled (120 runs after 2 warm-up), saved to /c/p.json: accepted: 8 chunk sizes",
+         "profiled (120 runs after 2 warm-up), saved to /c/p.json"),
+        ("(EngineCore pid=3) INFO [CPP] latency model from cache /c/p.json: accepted: 8 chunk sizes 1..512",
+         "cache /c/p.json"),
     ],
 )  # fmt: skip
 def test_profile_source_is_read_from_the_engine_log(line, source):

@@ -45,7 +45,8 @@ UPSTREAM_SCHEDULER = OURS_SCHEDULER  # the same path in the pristine tree
 WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
 # Fewer profiling runs than the NPU defaults (64 sizes x 3 + history): two CPU cores.
 OURS_PROFILE = {"profile_points": 32, "profile_repeats": 3, "profile_history_points": 4}
-PROFILED_RE = re.compile(r"\[CPP\] latency model .* from (profiled .*|cache .*)")
+# "[CPP] latency model from SOURCE: ..." (and the older "[CPP] latency model t = ...; from SOURCE")
+PROFILED_RE = re.compile(r"\[CPP\] latency model (?:.* )?from (profiled [^:\n]*|cache [^:\n]*)")
 WORKER_PROFILE_MARK = "[CPP e2e] start-up profiling run"
 UPSTREAM_PROFILED_MARK = "[ProfilingChunk] Profiling completed successfully"
 UPSTREAM_PROFILED = "profiled (upstream's start-up profiling)"

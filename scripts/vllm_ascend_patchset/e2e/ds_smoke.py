@@ -186,6 +186,7 @@ def run_case(name: str, tp: int, pp: int, model_dir: Path, work: Path) -> list[s
 def smoke(cases: list[str]) -> int:
     started = time.monotonic()
     work = e2e.E2E_CACHE / "ds-smoke"
+    shutil.rmtree(work, ignore_errors=True)  # CPP profiles afresh, as from a clean clone
     model_dir = write_tiny_qwen3(e2e.E2E_CACHE / "model")
     failures = []
     for name in cases:

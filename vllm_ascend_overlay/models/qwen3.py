@@ -4,7 +4,10 @@
 loading, same forward for every batch that does not qualify (``dual_stream.gate``) and
 for every batch when ``dual_stream_config.enabled`` is false. A qualifying batch is
 embedded, cut into two micro-batches, run through the layers eagerly with the
-dual-stream schedule (``dual_stream.schedule``), merged and normalised.
+dual-stream schedule (``dual_stream.schedule``), merged and normalised. Under pipeline
+parallelism each stage does its part of that: the first embeds and hands hidden states
+and residual on, joined; a later stage cuts what it receives; the last normalises. Each
+stage decides on its own (its TP ranks alike), its collectives stay inside its TP group.
 
 With ``length_threshold`` unset the gate is measured (``dual_stream.measured``): a batch
 of a size class not measured yet is a probe, run both ways and timed, and from then on

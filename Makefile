@@ -1,4 +1,4 @@
-# User-facing verbs of the patch set. `make wheel` and `make test` are all a newcomer needs.
+# User-facing verbs of the patch set. `make wheel` and `make test` are all a newcomer needs (docs/development.md).
 PYTHON ?= python3
 VENV ?= .venv
 PY ?=
@@ -15,7 +15,7 @@ BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
 BENCH_E2E_DS_ARGS ?=
 
-.PHONY: wheel wheels assemble test venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean
+.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -29,8 +29,11 @@ assemble:         ## build/<target>/vllm_ascend only
 venv:             ## the CPU test environment in .venv
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_test_env.sh
 
-test: venv assemble
+test: venv assemble  ## every test (the README's and CI's command)
 	$(VENV)/bin/python -m pytest tests $(PYTEST_ARGS)
+
+test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled tree (tests/tiers.py), on two processes
+	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/)
 	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)")

@@ -20,6 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import conftest
+from vllm_ascend_patchset.paths import SCRIPTS_DIR, TESTS_DIR
+
+FULL_TIER = "every rank runs vLLM and torch in a process of its own"  # tiers.py: what it needs
 
 
 def free_port() -> int:
@@ -33,8 +36,8 @@ def run_ranks(module: str, world: int, work: Path, timeout_s: float, extra_args:
     env["PYTHONPATH"] = os.pathsep.join(
         [
             str(conftest.ASSEMBLED),
-            str(conftest.ROOT / "tests"),
-            str(conftest.ROOT / "scripts"),
+            str(TESTS_DIR),
+            str(SCRIPTS_DIR),
             env.get("PYTHONPATH", ""),
         ]
     )

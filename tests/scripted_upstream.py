@@ -7,15 +7,34 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from git_repo import git, init_repo
-from vllm_ascend_patchset.assemble import pristine_tree
-from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
-from vllm_ascend_patchset.series import PACKAGE
+from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1
+from vllm_ascend_patchset.paths import PACKAGE
+from vllm_ascend_patchset.port import port
+from vllm_ascend_patchset.port_report import PortReport
+from vllm_ascend_patchset.series import load_overlay, load_patches
+from vllm_ascend_patchset.trees import pristine_root
+
+PIN_NAME = "v0.23.0"
 
 
 @functools.cache
 def pristine_package() -> Path:
     """The pinned release's vllm_ascend/ (unpacked from the cached pinned wheel); checked once per session."""
-    return pristine_tree(fetch_wheel(Pin.load(), Target.host())) / PACKAGE
+    return pristine_root() / PACKAGE
+
+
+def port_inputs() -> set[str]:
+    """The pinned files the series and the contracts read (repo paths): what a scripted upstream holds."""
+    wanted = {f for p in load_patches() for f in p.files}
+    wanted |= {e.repo_path for e in load_overlay() if e.replaces}
+    return wanted | {f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"}
+
+
+def port_onto(repo: Path, pristine: Path, **kwargs) -> PortReport:
+    """The pinned series and overlay ported onto ``repo`` (``port``'s keyword arguments pass through)."""
+    return port(
+        repo, patches=load_patches(), overlay=load_overlay(), pristine_pkg=pristine, pin_name=PIN_NAME, **kwargs
+    )
 
 
 def upstream_repo(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-import conftest
 import pytest
 from vllm_ascend import config_table
 from vllm_ascend.core.cpp_config import CONFIG_KEY as CPP_KEY
@@ -18,6 +17,7 @@ from vllm_ascend.core.cpp_config import CppConfig, CppConfigError, parse_cpp_con
 from vllm_ascend.dual_stream.config import CONFIG_KEY as DS_KEY
 from vllm_ascend.dual_stream.config import DualStreamConfig
 from vllm_ascend_patchset import config_docs
+from vllm_ascend_patchset.paths import ROOT
 
 SECTIONS = {
     "cpp": (CppConfig, CPP_KEY, lambda raw: parse_cpp_config(raw), CppConfigError, "docs/cpp.md"),
@@ -44,7 +44,7 @@ def test_the_docs_table_lists_the_keys_defaults_ranges_and_meanings_of_the_field
 def test_config_docs_rewrites_a_stale_table_and_keeps_the_rest(tmp_path):
     doc = "docs/dual-stream.md"
     (tmp_path / "docs").mkdir()
-    original = (conftest.ROOT / doc).read_text()
+    original = (ROOT / doc).read_text()
     stale = original.replace("| `balance_threshold` | `1.0` |", "| `balance_threshold` | `2.0` |")
     assert stale != original
     (tmp_path / doc).write_text(stale)

@@ -19,19 +19,17 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
+from vllm_ascend_patchset.paths import TESTS_DIR, assembled_root  # noqa: E402
 
 
 def _setup() -> None:
     os.environ.setdefault("VLLM_PLUGINS", "")
     os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
-    sys.path[:0] = [str(ROOT / "tests" / "cpp_engine"), str(ROOT / "tests"), str(ROOT / "scripts")]
-    from vllm_ascend_patchset.pin import Target
+    sys.path[:0] = [str(assembled_root()), str(TESTS_DIR / "cpp_engine"), str(TESTS_DIR)]
+    from vllm_ascend_patchset.npu_stubs import install_npu_stubs
 
-    sys.path.insert(0, str(ROOT / "build" / Target.host().name))
-    import npu_stubs
-
-    npu_stubs.install()
+    install_npu_stubs()
 
 
 def run_side_by_side(schedulers, helpers, args) -> list[float]:

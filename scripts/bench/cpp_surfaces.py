@@ -26,9 +26,8 @@ import argparse
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
+from vllm_ascend_patchset.paths import DATA_DIR, ROOT  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
 from vllm_ascend_patchset.twin.optimum import optimum  # noqa: E402
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
@@ -36,7 +35,7 @@ from vllm_ascend_patchset.twin.stress import STRESS_SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin.surface_files import load_surface  # noqa: E402
 from vllm_ascend_patchset.twin.workloads import long_prompt  # noqa: E402
 
-MEASURED = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests" / "data").glob("cpu_surface*.csv"))]
+MEASURED = [str(p.relative_to(ROOT)) for p in sorted(DATA_DIR.glob("cpu_surface*.csv"))]
 SURFACES = MEASURED + ["synthetic"] + [f"stress:{name}" for name in sorted(STRESS_SURFACES)]
 OPTIMUM_GATE, FIXED_GATE = 1.03, 1.01
 

@@ -36,16 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
+from vllm_ascend_patchset.paths import CPU_SURFACE, PACKAGE, assembled_root  # noqa: E402
+
 os.environ.setdefault("VLLM_PLUGINS", "")
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
 
 
 def load_ours():
-    from vllm_ascend_patchset.pin import Target
-
-    sys.path.insert(0, str(ROOT / "build" / Target.host().name))
+    sys.path.insert(0, str(assembled_root()))
     from vllm_ascend.core import profiling_chunk_predictor
 
     return profiling_chunk_predictor
@@ -58,10 +57,9 @@ def grid_part(points):
 
 
 def load_upstream():
-    from vllm_ascend_patchset.assemble import pristine_tree
-    from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
+    from vllm_ascend_patchset.trees import pristine_root
 
-    path = pristine_tree(fetch_wheel(Pin.load(), Target.host())) / "vllm_ascend/core/profiling_chunk_predictor.py"
+    path = pristine_root() / PACKAGE / "core" / "profiling_chunk_predictor.py"
     spec = importlib.util.spec_from_file_location("upstream_v0_23_0_profiling_chunk_predictor", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -141,7 +139,7 @@ def measure_chunkings(chunkings, prompt_tokens: int) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--csv", type=Path, default=ROOT / "tests/data/cpu_surface.csv")
+    parser.add_argument("--csv", type=Path, default=CPU_SURFACE)
     parser.add_argument("--fit-histories", type=int, nargs="+", default=[4096, 32768])
     parser.add_argument("--base-chunk", type=int, default=4096)
     parser.add_argument("--page-size", type=int, default=128)

@@ -8,22 +8,18 @@ leaves the previous tree, never a half-applied or half-deleted one.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import stat
 import subprocess
-import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import publish_dir, remove_stale, scratch_dir
-from .pin import ROOT, Pin, Target, cache_dir, fetch_wheel, sha256_of
-from .record import matches, read_record
-from .series import OVERLAY_DIR, PACKAGE, PATCH_DIR, OverlayFile, Patch, SeriesError, load_overlay, load_patches
-
-BUILD_DIR = ROOT / "build"
+from .paths import OVERLAY_DIR, PACKAGE, PATCH_DIR, assembled_root
+from .pin import Pin, fetch_wheel
+from .series import OverlayFile, Patch, SeriesError, load_overlay, load_patches
+from .trees import pristine_tree
+from .wheel_target import WheelTarget
 
 
 class PatchError(RuntimeError):
@@ -32,7 +28,7 @@ class PatchError(RuntimeError):
 
 @dataclass(frozen=True)
 class Assembly:
-    target: Target
+    target: WheelTarget
     root: Path  # holds vllm_ascend/
     pristine: Path  # holds the unpatched vllm_ascend/
     wheel: Path
@@ -42,81 +38,6 @@ class Assembly:
     @property
     def package(self) -> Path:
         return self.root / PACKAGE
-
-
-PRISTINE_MARKER = ".complete"  # written last into an unpacked tree; its ctime dates the unpacking
-PRISTINE_SCRATCH = "pristine-"
-
-
-def pristine_tree(wheel: Path) -> Path:
-    """The wheel unpacked into the cache, keyed by its hash, checked against the wheel at every use.
-
-    A tree that differs from the wheel's RECORD (a file edited, added, removed) is unpacked
-    again, with a warning that says what differed, so an edit in the cache never reaches a
-    build.
-    """
-    parent = cache_dir() / "pristine"
-    remove_stale(parent, PRISTINE_SCRATCH)
-    dest = parent / sha256_of(wheel)[:16]
-    if (dest / PRISTINE_MARKER).exists():
-        problems = pristine_problems(dest, wheel)
-        if not problems:
-            return dest
-        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
-        print(f"warning: {dest} differs from {wheel.name} ({shown}); unpacking it again", file=sys.stderr)
-    tmp = scratch_dir(parent, PRISTINE_SCRATCH)
-    try:
-        with zipfile.ZipFile(wheel) as z:
-            z.extractall(tmp)
-        (tmp / PRISTINE_MARKER).write_text(wheel.name + "\n")
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    publish_dir(tmp, dest)
-    return dest
-
-
-def pristine_problems(tree: Path, wheel: Path) -> list[str]:
-    """How an unpacked tree differs from the wheel's RECORD; empty if it does not.
-
-    Cheap enough for every assemble: the file list is compared in full, but only files
-    whose inode changed after the unpacking (ctime later than the marker's; no tool can
-    set a ctime back) are read and hashed. When those all match, the marker is renewed so
-    they are not hashed again. (File-system clocks advance in steps of a few ms: a change
-    within the same step as the unpacking goes unseen.)
-    """
-    with zipfile.ZipFile(wheel) as z:
-        record_name, rows = read_record(z)
-        record_bytes = z.read(record_name)
-    marker = tree / PRISTINE_MARKER
-    unpacked_ns = marker.stat().st_ctime_ns
-    problems: list[str] = []
-    seen: set[str] = set()
-    rehashed = 0
-    for dirpath, dirnames, filenames in os.walk(tree):
-        for name in dirnames + filenames:
-            path = Path(dirpath, name)
-            rel = path.relative_to(tree).as_posix()
-            info = path.lstat()
-            if stat.S_ISDIR(info.st_mode) or rel == PRISTINE_MARKER:
-                continue
-            seen.add(rel)
-            if rel not in rows:
-                problems.append(f"{rel} is not in the wheel")
-            elif not stat.S_ISREG(info.st_mode):
-                problems.append(f"{rel} is not a regular file")
-            elif info.st_ctime_ns > unpacked_ns:
-                rehashed += 1
-                data = path.read_bytes()
-                same = data == record_bytes if rel == record_name else matches(data, *rows[rel])
-                if not same:
-                    problems.append(f"{rel} was changed")
-    problems += [f"{rel} is missing" for rel in sorted(set(rows) - seen)]
-    if rehashed and not problems:
-        renewed = marker.with_name(f"{PRISTINE_MARKER}.{os.getpid()}")
-        renewed.write_text(marker.read_text())
-        os.replace(renewed, marker)
-    return problems
 
 
 def _patch_cmd(patch: Patch, tree: Path, dry_run: bool) -> subprocess.CompletedProcess:
@@ -189,7 +110,7 @@ def check_overlay(overlay: list[OverlayFile], patches: list[Patch], pristine_pkg
 
 
 def assemble(
-    target: Target | None = None,
+    target: WheelTarget | None = None,
     *,
     pin: Pin | None = None,
     wheel: Path | None = None,
@@ -198,13 +119,13 @@ def assemble(
     overlay_dir: Path | None = None,
 ) -> Assembly:
     pin = pin or Pin.load()
-    target = target or Target.host()
+    target = target or WheelTarget.host()
     wheel = wheel or fetch_wheel(pin, target)
     patches = load_patches(patch_dir or PATCH_DIR)
     overlay = load_overlay(patch_dir or PATCH_DIR, overlay_dir or OVERLAY_DIR)
     pristine = pristine_tree(wheel)
     check_overlay(overlay, patches, pristine / PACKAGE)
-    out = out_dir or BUILD_DIR / target.name
+    out = out_dir or assembled_root(target)
     scratch_prefix = f".{out.name}-"
     remove_stale(out.parent, scratch_prefix)
     tmp = scratch_dir(out.parent, scratch_prefix)

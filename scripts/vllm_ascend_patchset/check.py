@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .assemble import PatchError, apply_patch, check_overlay, pristine_tree
-from .pin import Pin, PinError, Target, _index_links, cache_dir, fetch, fetch_wheel, offline
+from .assemble import PatchError, apply_patch, check_overlay
+from .paths import PACKAGE, cache_dir
+from .pin import Pin, PinError, fetch, fetch_wheel, index_links, offline
+from .series import SeriesError, load_overlay, load_patches
+from .trees import pristine_tree
+from .wheel_target import WheelTarget
 
 try:
     from packaging.version import InvalidVersion, Version
 except ImportError:  # a bare python3 with pip only: pip vendors packaging
     from pip._vendor.packaging.version import InvalidVersion, Version
-from .series import PACKAGE, SeriesError, load_overlay, load_patches
 
 
 @dataclass(frozen=True)
@@ -32,7 +35,7 @@ class CheckResult:
     detail: str
 
 
-def _is_release_wheel(name: str, project: str, version: str, target: Target) -> bool:
+def _is_release_wheel(name: str, project: str, version: str, target: WheelTarget) -> bool:
     """``vllm_ascend-<version>-<py>-<py>-<platform ending in arch>.whl``."""
     parts = name[: -len(".whl")].split("-") if name.endswith(".whl") else []
     return (
@@ -52,8 +55,8 @@ def _version_key(text: str) -> tuple[int, Any]:
         return (0, text)
 
 
-def find_release_wheel(project: str, version: str, target: Target) -> str:
-    names = sorted(_index_links(project))
+def find_release_wheel(project: str, version: str, target: WheelTarget) -> str:
+    names = sorted(index_links(project))
     for name in names:
         if _is_release_wheel(name, project, version, target):
             return name
@@ -64,7 +67,7 @@ def find_release_wheel(project: str, version: str, target: Target) -> str:
     )
 
 
-def release_wheel(pin: Pin, version: str, target: Target) -> Path:
+def release_wheel(pin: Pin, version: str, target: WheelTarget) -> Path:
     """The verified wheel of ``version`` for ``target``.
 
     The pinned release is fetched by its pinned hash and needs no index when it is cached.
@@ -84,9 +87,9 @@ def release_wheel(pin: Pin, version: str, target: Target) -> Path:
     return fetch(cached[0], None, pin.project)
 
 
-def check_release(version: str, target: Target | None = None, pin: Pin | None = None) -> list[CheckResult]:
+def check_release(version: str, target: WheelTarget | None = None, pin: Pin | None = None) -> list[CheckResult]:
     pin = pin or Pin.load()
-    target = target or Target.host()
+    target = target or WheelTarget.host()
     wheel = release_wheel(pin, version, target)
     pristine = pristine_tree(wheel)
     results: list[CheckResult] = []

@@ -6,12 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from .pin import Pin, PinError, Target
+from .pin import Pin, PinError
+from .wheel_target import WheelTarget
 
 
-def _target(args: argparse.Namespace) -> Target:
-    host = Target.host()
-    return Target(args.py or host.py, args.arch or host.arch)
+def _target(args: argparse.Namespace) -> WheelTarget:
+    host = WheelTarget.host()
+    return WheelTarget(args.py or host.py, args.arch or host.arch)
 
 
 def cmd_assemble(args: argparse.Namespace) -> int:
@@ -49,11 +50,10 @@ def cmd_diffs(args: argparse.Namespace) -> int:
 
 
 def _target_diffs(args: argparse.Namespace) -> int:
-    from .assemble import pristine_tree
-    from .pin import fetch_wheel
-    from .series import PACKAGE
+    from .paths import PACKAGE
     from .target_diffs import write_target_diffs
     from .targets import load_target
+    from .trees import pristine_root
 
     if not args.upstream_src:
         raise ValueError(
@@ -64,7 +64,7 @@ def _target_diffs(args: argparse.Namespace) -> int:
     result = write_target_diffs(
         target,
         Path(args.upstream_src),
-        pristine_pkg=pristine_tree(fetch_wheel(pin, _target(args))) / PACKAGE,
+        pristine_pkg=pristine_root(_target(args)) / PACKAGE,
         pin_name=pin.git_tag,
     )
     for path in result.refreshed:
@@ -87,14 +87,14 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
 
 
 def cmd_port(args: argparse.Namespace) -> int:
-    from .assemble import pristine_tree
-    from .pin import fetch_wheel
+    from .paths import PACKAGE
     from .port import port, write_report
-    from .series import PACKAGE, load_overlay, load_patches
+    from .series import load_overlay, load_patches
     from .targets import load_target
+    from .trees import pristine_root
 
     pin = Pin.load()
-    pristine = pristine_tree(fetch_wheel(pin, _target(args))) / PACKAGE
+    pristine = pristine_root(_target(args)) / PACKAGE
     report = port(
         Path(args.upstream_src),
         patches=load_patches(),

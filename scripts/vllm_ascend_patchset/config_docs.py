@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from .pin import ROOT
+from .paths import ROOT
 
 # doc -> (module, dataclass) of the section it documents, imported from the assembled tree
 SECTIONS = {

@@ -17,7 +17,6 @@ that needs a change of a feature applied later is an error.
 from __future__ import annotations
 
 import ast
-import difflib
 import heapq
 import shutil
 import tempfile
@@ -28,11 +27,13 @@ from email.utils import format_datetime
 from pathlib import Path
 
 from .assemble import Assembly, apply_patch
+from .graphs import strongly_connected_parts
+from .hunks import git_diff
 from .imports import defined_names, import_statements, module_of
-from .pin import ROOT
+from .paths import DIST_DIR
 from .series import FEATURES, OverlayFile, Patch, SeriesError
 
-UPSTREAM_DIR = ROOT / "dist" / "upstream"
+UPSTREAM_DIR = DIST_DIR / "upstream"
 DEFAULT_AUTHOR = "vllm-ascend patch set <patchset@localhost>"
 
 
@@ -45,22 +46,6 @@ class Mail:
     date: str  # YYYY-MM-DD
     diff: str
     slug: str
-
-
-def _diff_lines(old: list[str], new: list[str], path: str, created: bool) -> str:
-    """A git-style unified diff, with 'No newline' markers where a file lacks one."""
-    out = [f"diff --git a/{path} b/{path}\n"]
-    if created:
-        out += ["new file mode 100644\n", "--- /dev/null\n", f"+++ b/{path}\n"]
-    else:
-        out += [f"--- a/{path}\n", f"+++ b/{path}\n"]
-    body = list(difflib.unified_diff(old, new, n=3))[2:]  # drop difflib's own ---/+++ lines
-    for line in body:
-        if line.endswith("\n"):
-            out.append(line)
-        else:
-            out.append(line + "\n\\ No newline at end of file\n")
-    return "".join(out)
 
 
 def _docstring_summary(path: Path) -> tuple[str, str]:
@@ -88,7 +73,7 @@ def overlay_mail(entry: OverlayFile, assembly: Assembly, date: str) -> Mail:
         body,
         DEFAULT_AUTHOR,
         date,
-        _diff_lines(old, new, entry.repo_path, not entry.replaces),
+        git_diff(old, new, entry.repo_path, not entry.replaces),
         slug,
     )
 
@@ -217,35 +202,7 @@ def commit_groups(needs: dict[int, set[int]]) -> list[list[int]]:
     """Changes grouped into commits: the strongly connected parts of ``needs`` (changes that need
     each other land together), in an order that puts every change after what it needs, and
     otherwise keeps the given order."""
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    stack: list[int] = []
-    on_stack: set[int] = set()
-    groups: list[list[int]] = []
-
-    def visit(v: int) -> None:  # Tarjan; a feature has a handful of changes, recursion is fine
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(needs[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            groups.append(sorted(group))
-
-    for v in sorted(needs):
-        if v not in index:
-            visit(v)
+    groups = strongly_connected_parts(needs)
     group_of = {v: g for g, members in enumerate(groups) for v in members}
     waits = {g: {group_of[w] for v in members for w in needs[v]} - {g} for g, members in enumerate(groups)}
     ready = [(members[0], g) for g, members in enumerate(groups) if not waits[g]]

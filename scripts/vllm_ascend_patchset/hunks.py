@@ -1,4 +1,4 @@
-"""Unified diffs as data: files, hunks, exact application and a three-way merge.
+"""Unified diffs as data: files, hunks, exact application, a three-way merge, and writing one.
 
 The port (``port.py``) merges the series hunk by hunk, so it needs what ``patch`` hides:
 each hunk's old and new lines, applying a chosen subset of hunks exactly at their line
@@ -8,6 +8,7 @@ file, and ``git merge-file``'s three-way merge of one file.
 
 from __future__ import annotations
 
+import difflib
 import re
 import subprocess
 import tempfile
@@ -163,3 +164,19 @@ def merge_file(current: str, base: str, ours: str, labels: tuple[str, str, str])
     if res.returncode < 0 or res.returncode > 127:
         raise RuntimeError(f"git merge-file failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout, res.returncode
+
+
+def git_diff(old: list[str], new: list[str], path: str, created: bool) -> str:
+    """A git-style unified diff, with 'No newline' markers where a file lacks one."""
+    out = [f"diff --git a/{path} b/{path}\n"]
+    if created:
+        out += ["new file mode 100644\n", "--- /dev/null\n", f"+++ b/{path}\n"]
+    else:
+        out += [f"--- a/{path}\n", f"+++ b/{path}\n"]
+    body = list(difflib.unified_diff(old, new, n=3))[2:]  # drop difflib's own ---/+++ lines
+    for line in body:
+        if line.endswith("\n"):
+            out.append(line)
+        else:
+            out.append(line + "\n\\ No newline at end of file\n")
+    return "".join(out)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 import re
 
-PACKAGE = "vllm_ascend"
+from .paths import PACKAGE
+
 RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.", re.M)
 OBJECT_PATH = re.compile(rf"""["']({PACKAGE}(?:\.\w+)*)[.:](\w+)["']""")  # a whole string literal
 

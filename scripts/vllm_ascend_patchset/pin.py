@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import shutil
 import sys
 import urllib.error
@@ -19,34 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import remove_stale, scratch_dir
+from .paths import PIN_FILE, cache_dir
+from .wheel_target import WheelTarget
 
-ROOT = Path(__file__).resolve().parents[2]
-PIN_FILE = ROOT / "pin.json"
 DOWNLOAD_SCRATCH = ".download-"
 
 
 class PinError(RuntimeError):
     """A pinned input cannot be had or does not verify."""
-
-
-@dataclass(frozen=True)
-class Target:
-    """One wheel flavour: CPython tag (``cp311``) and machine (``x86_64``)."""
-
-    py: str
-    arch: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.py}-{self.arch}"
-
-    @property
-    def platform_tag(self) -> str:
-        return f"manylinux_2_34_{self.arch}"
-
-    @classmethod
-    def host(cls) -> Target:
-        return cls(f"cp{sys.version_info.major}{sys.version_info.minor}", platform.machine())
 
 
 @dataclass(frozen=True)
@@ -78,15 +57,15 @@ class Pin:
     def dist_name(self) -> str:
         return self.project.replace("-", "_")
 
-    def targets(self) -> list[Target]:
+    def targets(self) -> list[WheelTarget]:
         out = []
         for name in sorted(self.wheels):
             # vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl
             parts = name[: -len(".whl")].split("-")
-            out.append(Target(parts[2], parts[4].removeprefix("manylinux_2_34_")))
+            out.append(WheelTarget(parts[2], parts[4].removeprefix("manylinux_2_34_")))
         return out
 
-    def wheel_name(self, target: Target) -> str:
+    def wheel_name(self, target: WheelTarget) -> str:
         name = f"{self.dist_name}-{self.version}-{target.py}-{target.py}-{target.platform_tag}.whl"
         if name not in self.wheels:
             known = ", ".join(f"PY={t.py} ARCH={t.arch}" for t in self.targets())
@@ -95,10 +74,6 @@ class Pin:
 
     def all_files(self) -> dict[str, str]:
         return {**self.wheels, **self.sdist}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("PATCHSET_CACHE", ROOT / ".cache"))
 
 
 def sha256_of(path: Path) -> str:
@@ -123,7 +98,7 @@ def offline() -> bool:
     return os.environ.get("PATCHSET_OFFLINE") == "1"
 
 
-def _index_links(project: str) -> dict[str, tuple[str, str | None]]:
+def index_links(project: str) -> dict[str, tuple[str, str | None]]:
     """File name -> (url, sha256 the index states) from the PEP 691 JSON simple API."""
     url = f"{index_url()}/{project}/"
     req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
@@ -174,7 +149,7 @@ def fetch(filename: str, sha256: str | None, project: str) -> Path:
     try:
         part = scratch / filename
         try:
-            links = _index_links(project)
+            links = index_links(project)
             if filename not in links:
                 raise PinError(f"{filename}: the package index {index_url()} does not list this file")
             url, index_hash = links[filename]
@@ -209,6 +184,6 @@ def _mismatch(filename: str, pinned: str | None, index_hash: str | None, actual:
     )
 
 
-def fetch_wheel(pin: Pin, target: Target) -> Path:
+def fetch_wheel(pin: Pin, target: WheelTarget) -> Path:
     name = pin.wheel_name(target)
     return fetch(name, pin.wheels[name], pin.project)

@@ -20,11 +20,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pin import ROOT
+from .paths import OVERLAY_DIR, PACKAGE, PATCH_DIR
 
-PATCH_DIR = ROOT / "patches"
-OVERLAY_DIR = ROOT / "vllm_ascend_overlay"
-PACKAGE = "vllm_ascend"
 FEATURES = ("build", "hooks", "cpp", "dual-stream")
 HEADER_KEYS = ("Description", "Author", "Feature", "Forwarded", "Last-Update")
 
@@ -99,7 +96,7 @@ def parse_header(path: Path) -> dict[str, str]:
     return header
 
 
-def _changed_files(path: Path) -> tuple[str, ...]:
+def changed_files(path: Path) -> tuple[str, ...]:
     files = []
     for line in path.read_text().splitlines():
         if line.startswith("+++ "):
@@ -124,7 +121,7 @@ def load_patches(patch_dir: Path = PATCH_DIR) -> list[Patch]:
         path = patch_dir / name
         if not path.exists():
             raise SeriesError(f"{series}: names {name}, which does not exist in {patch_dir}")
-        patches.append(Patch(name, path, parse_header(path), _changed_files(path)))
+        patches.append(Patch(name, path, parse_header(path), changed_files(path)))
     return patches
 
 

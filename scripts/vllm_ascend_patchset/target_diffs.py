@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .assemble import Assembly
-from .diffs import _diff_lines, write_diffs
-from .pin import ROOT
-from .pin import Target as Platform
-from .port import PortReport, port
-from .series import PACKAGE, OverlayFile, Patch, load_overlay, load_patches, parse_header
-from .targets import Target, with_header
-
-DIST_DIR = ROOT / "dist"
+from .diffs import write_diffs
+from .hunks import git_diff
+from .paths import DIST_DIR, PACKAGE
+from .port import port
+from .port_report import PortReport
+from .series import OverlayFile, Patch, load_overlay, load_patches, parse_header
+from .targets import UpstreamTarget, with_header
+from .wheel_target import WheelTarget
 
 
 class TargetDiffsError(RuntimeError):
@@ -82,7 +82,7 @@ def _snapshot(upstream_src: Path, commit: str, dest: Path) -> None:
 
 
 def write_target_diffs(
-    target: Target, upstream_src: Path, *, pristine_pkg: Path, pin_name: str, out_dir: Path | None = None
+    target: UpstreamTarget, upstream_src: Path, *, pristine_pkg: Path, pin_name: str, out_dir: Path | None = None
 ) -> TargetDiffs:
     out_dir = out_dir or DIST_DIR / f"upstream-{target.name}"
     overlay = load_overlay()
@@ -104,15 +104,14 @@ def write_target_diffs(
                 f"the series of target {target.name} does not port cleanly onto {target.commit}:\n\n"
                 + report.render(full=False)
             )
-        assert report.porter is not None
         # one mail per step: its change to the target's files, under its own header
         staged_patches = work / "patches"
         staged_patches.mkdir()
         patches = []
-        for change in report.porter.changes:
+        for change in report.changes:
             if change.after == change.before:
                 continue
-            diff = "".join(_diff_lines(change.before[p], change.after[p], p, False) for p in change.after)
+            diff = "".join(git_diff(change.before[p], change.after[p], p, False) for p in change.after)
             path = staged_patches / change.patch.name
             path.write_text(with_header(change.patch.header, diff))
             patches.append(Patch(path.name, path, parse_header(path), tuple(change.after)))
@@ -126,7 +125,7 @@ def write_target_diffs(
             replaces = entry.replaces and (target_tree / entry.repo_path).is_file()  # one the target dropped is new
             entries.append(OverlayFile(entry.relpath, entry.feature, replaces, overlay_dir=staged_overlay))
         assembly = Assembly(
-            target=Platform.host(),
+            target=WheelTarget.host(),
             root=ported,
             pristine=target_tree,
             wheel=Path(),
@@ -140,7 +139,7 @@ def write_target_diffs(
         )
         _replay(written, target_tree, ported)
     refreshed = []
-    for path, text in report.porter.refreshed.items():
+    for path, text in report.refreshed.items():
         path.write_text(text)
         refreshed.append(path)
     return TargetDiffs(report, written, out_dir, refreshed)

@@ -27,8 +27,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pin import ROOT
-from .series import PACKAGE, PATCH_DIR, Patch, SeriesError, _changed_files, load_overlay, load_patches, parse_header
+from .paths import PACKAGE, PATCH_DIR, ROOT
+from .series import Patch, SeriesError, changed_files, load_overlay, load_patches, parse_header
 
 TARGETS_DIR = PATCH_DIR / "targets"
 
@@ -50,7 +50,9 @@ class OverlayPatch:
 
 
 @dataclass(frozen=True)
-class Target:
+class UpstreamTarget:
+    """A patch set for another upstream than the pin (``patches/targets/<name>/``), as loaded."""
+
     name: str
     folder: Path
     repository: str
@@ -84,10 +86,10 @@ def blob_text(blob: str, what: str, history: Path = ROOT) -> str:
 
 
 def _target_patch(path: Path) -> Patch:
-    return Patch(path.name, path, parse_header(path), _changed_files(path))
+    return Patch(path.name, path, parse_header(path), changed_files(path))
 
 
-def load_target(name: str, patch_dir: Path = PATCH_DIR) -> Target:
+def load_target(name: str, patch_dir: Path = PATCH_DIR) -> UpstreamTarget:
     folder = patch_dir / "targets" / name
     if not folder.is_dir():
         have = (
@@ -151,7 +153,7 @@ def load_target(name: str, patch_dir: Path = PATCH_DIR) -> Target:
         )
     top = subprocess.run(["git", "-C", str(folder), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
     history = Path(top.stdout.strip()) if top.returncode == 0 else ROOT
-    return Target(name, folder, repository, ref, commit, tuple(steps), tuple(overlay_patches), answers, history)
+    return UpstreamTarget(name, folder, repository, ref, commit, tuple(steps), tuple(overlay_patches), answers, history)
 
 
 def _overlay_bases(patch: Patch, path: Path) -> dict[str, str]:

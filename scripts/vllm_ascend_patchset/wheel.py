@@ -22,11 +22,11 @@ from pathlib import Path
 
 from .assemble import Assembly, assemble
 from .atomic import remove_stale, scratch_dir
-from .pin import ROOT, Pin, Target, sha256_of
+from .paths import DIST_DIR, PACKAGE
+from .pin import Pin, sha256_of
 from .record import matches, read_record, record_hash
-from .series import PACKAGE
+from .wheel_target import WheelTarget
 
-DIST_DIR = ROOT / "dist"
 FIXED_DATE = (1980, 1, 1, 0, 0, 0)
 FILE_MODE = 0o100644
 SCRATCH_PREFIX = ".wheel-"
@@ -52,12 +52,12 @@ def _entry(name: str, mode: int) -> zipfile.ZipInfo:
     return info
 
 
-def wheel_filename(pin: Pin, target: Target) -> str:
+def wheel_filename(pin: Pin, target: WheelTarget) -> str:
     return f"{pin.dist_name}-{pin.version}+{pin.local_version}-{target.py}-{target.py}-{target.platform_tag}.whl"
 
 
 def build_wheel(
-    target: Target | None = None,
+    target: WheelTarget | None = None,
     *,
     pin: Pin | None = None,
     out_dir: Path = DIST_DIR,
@@ -65,7 +65,7 @@ def build_wheel(
     verify_install: bool = True,
 ) -> BuiltWheel:
     pin = pin or Pin.load()
-    target = target or Target.host()
+    target = target or WheelTarget.host()
     assembly = assembly or assemble(target, pin=pin)
     version = f"{pin.version}+{pin.local_version}"
     old_info = f"{pin.dist_name}-{pin.version}.dist-info"
@@ -123,7 +123,7 @@ def build_wheel(
     return BuiltWheel(dest, sha256_of(dest), dest.stat().st_size, len(files))
 
 
-def verify_wheel(path: Path, target: Target, *, install: bool = True) -> None:
+def verify_wheel(path: Path, target: WheelTarget, *, install: bool = True) -> None:
     """Every RECORD hash and size matches; pip installs it into a throw-away target."""
     with zipfile.ZipFile(path) as z:
         try:
@@ -145,7 +145,7 @@ def verify_wheel(path: Path, target: Target, *, install: bool = True) -> None:
         return
     with tempfile.TemporaryDirectory(prefix="wheel-install-") as tmp:
         cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", tmp]
-        if target != Target.host():
+        if target != WheelTarget.host():
             ver = target.py[2:]
             cmd += ["--platform", target.platform_tag, "--python-version", f"{ver[0]}.{ver[1:]}"]
             cmd += ["--implementation", "cp", "--abi", target.py, "--only-binary=:all:"]

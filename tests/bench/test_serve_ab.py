@@ -16,10 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import conftest
 import pytest
+from vllm_ascend_patchset.paths import BENCH_DIR
 
-spec = importlib.util.spec_from_file_location("serve_ab", conftest.ROOT / "scripts" / "bench" / "serve_ab.py")
+spec = importlib.util.spec_from_file_location("serve_ab", BENCH_DIR / "serve_ab.py")
 serve_ab = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(serve_ab)
 

@@ -14,18 +14,16 @@ import csv
 import importlib.util
 import statistics
 from collections import defaultdict
-from pathlib import Path
 
-import conftest
 import numpy as np
 import pytest
 from vllm_ascend.core.cpp_acceptance import judge
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_samples import group_points
+from vllm_ascend_patchset.paths import BENCH_DIR, DATA_DIR
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-SURFACES = sorted(DATA.glob("cpu_surface*.csv"))
+SURFACES = sorted(DATA_DIR.glob("cpu_surface*.csv"))
 
 
 def read_surface(path):
@@ -49,9 +47,7 @@ def mape(predict, points):
 @pytest.fixture(scope="module")
 def upstream():
     """Upstream v0.23.0's vllm_ascend/core/profiling_chunk_predictor.py, under another module name."""
-    spec = importlib.util.spec_from_file_location(
-        "bench_predictor", conftest.ROOT / "scripts" / "bench" / "predictor.py"
-    )
+    spec = importlib.util.spec_from_file_location("bench_predictor", BENCH_DIR / "predictor.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench.load_upstream()
@@ -87,6 +83,7 @@ def test_each_measured_surface_has_repeats_and_a_visible_attention_term(path):
 
 
 @pytest.mark.parametrize("path", SURFACES, ids=lambda p: p.name)
+@pytest.mark.full_tier("upstream's predictor imports vLLM's logger")
 def test_the_model_predicts_held_out_histories_within_15_percent_and_3x_better_than_upstream(upstream, path):
     samples = read_surface(path)
     histories, chunks = grid_levels(samples)

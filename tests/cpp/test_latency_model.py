@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,14 +160,13 @@ def test_model_acceptance_and_planner_run_without_vllm_torch_or_torch_npu():
     """The twin simulator and the bench load the CPP maths alone: numpy only."""
     from vllm_ascend.core import cpp_latency_model
 
-    tree = cpp_latency_model.__file__.rsplit("/vllm_ascend/", 1)[0]
+    package = str(Path(cpp_latency_model.__file__).resolve().parents[1])  # the assembled tree's, or the overlay
     script = (
         "import sys\n"
         "for name in ('vllm', 'torch', 'torch_npu'):\n"
         "    sys.modules[name] = None  # any import of them fails\n"
-        f"sys.path.insert(0, {tree!r})\n"
-        "import importlib, types\n"
-        "package = types.ModuleType('vllm_ascend'); package.__path__ = [" + repr(tree + "/vllm_ascend") + "]\n"
+        "import types\n"
+        f"package = types.ModuleType('vllm_ascend'); package.__path__ = [{package!r}]\n"
         "sys.modules['vllm_ascend'] = package\n"
         "from vllm_ascend.core.cpp_acceptance import judge\n"
         "from vllm_ascend.core.cpp_chunk_rule import ChunkLimits\n"

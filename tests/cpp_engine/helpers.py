@@ -23,17 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import npu_stubs
+from vllm_ascend_patchset.npu_stubs import import_vllm as import_vllm_setting_aside
+from vllm_ascend_patchset.trees import load_module_from_tree
 from vllm_ascend_patchset.twin import engine as twin_engine
-from vllm_ascend_patchset.twin import stubs as twin_stubs
 
+FULL_TIER = "imports vLLM's config and scheduler when it is imported"  # tiers.py: what it needs
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"
 EOS_TOKEN_ID = twin_engine.EOS_TOKEN_ID
 MAX_POSITION_EMBEDDINGS = 32768
 
 
 def import_vllm() -> None:
-    """Import vLLM's config and scheduler with the NPU stubs out of the way (see the twin's stubs)."""
-    twin_stubs.import_vllm(set_aside=npu_stubs.STUBBED)
+    """Import vLLM's config and scheduler with the NPU stubs out of the way (``npu_stubs.import_vllm``)."""
+    import_vllm_setting_aside(set_aside=npu_stubs.STUBBED)
 
 
 def load_balance_module(tree: Path | None = None):
@@ -45,7 +47,7 @@ def load_balance_module(tree: Path | None = None):
         import vllm_ascend
 
         tree = Path(vllm_ascend.__file__).resolve().parents[1]
-    return twin_stubs.load_module_from_tree(Path(tree), BALANCE_MODULE, reuse=False)
+    return load_module_from_tree(Path(tree), BALANCE_MODULE, reuse=False)
 
 
 def profiling_chunk_scheduler_class() -> type:

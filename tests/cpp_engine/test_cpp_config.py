@@ -8,7 +8,6 @@ import sys
 import types
 from types import SimpleNamespace
 
-import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 import pytest
 from vllm_ascend import config_table
 from vllm_ascend.core import cpp_config
@@ -180,6 +179,7 @@ def test_select_installs_our_scheduler_keeping_async_scheduling(monkeypatch, asy
 
 def test_ascend_config_runs_the_check(tmp_path):
     """The 0201 patch: AscendConfig refuses a bad profiling_chunk_config at start-up."""
+    import helpers  # vLLM's config, with the NPU stubs set aside
 
     helpers.import_vllm()
     from vllm_ascend.ascend_config import AscendConfig

@@ -6,11 +6,11 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from vllm_ascend_patchset.paths import BENCH_DIR
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "cpp_serve.py"
+SCRIPT = BENCH_DIR / "cpp_serve.py"
 
 
 @pytest.fixture(scope="module")

@@ -18,25 +18,19 @@ from pathlib import Path
 import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 import pytest
 import record_schedule
+from vllm_ascend_patchset.paths import BUILD_DIR, SCRIPTS_DIR, TESTS_DIR
+from vllm_ascend_patchset.trees import pristine_root
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
-
-
-def _pristine_root() -> Path:
-    from vllm_ascend_patchset.assemble import pristine_tree
-    from vllm_ascend_patchset.pin import Pin, Target, fetch_wheel
-
-    return pristine_tree(fetch_wheel(Pin.load(), Target.host()))
 
 
 @pytest.fixture(scope="module")
 def pristine_records(tmp_path_factory) -> dict:
     model_dir = tmp_path_factory.mktemp("tiny-model")
     env = dict(os.environ, VLLM_PLUGINS="", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(HERE), str(ROOT / "scripts")])  # helpers use the twin
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), str(HERE), str(SCRIPTS_DIR)])  # helpers use the twin
     proc = subprocess.run(
-        [sys.executable, str(HERE / "record_schedule.py"), str(_pristine_root()), str(model_dir)],
+        [sys.executable, str(HERE / "record_schedule.py"), str(pristine_root()), str(model_dir)],
         capture_output=True,
         text=True,
         env=env,
@@ -52,7 +46,7 @@ def patched_module():
 
     module = helpers.load_balance_module()
     assembled = Path(vllm_ascend.__file__).resolve().parents[1]
-    assert assembled.parent == ROOT / "build"
+    assert assembled.parent == BUILD_DIR
     assert Path(module.__file__).resolve().is_relative_to(assembled)
     assert "ScheduleHooks" in [c.__name__ for c in module.BalanceScheduler.__mro__]
     return module

@@ -109,8 +109,8 @@ def test_balance_threshold_out_of_range(value):
 def test_length_threshold_out_of_range(value):
     with pytest.raises(
         ValueError,
-        match=r"dual_stream_config\.length_threshold=.*: must be an integer in \[1, 2147483647\], "
-        r"or null \(default null\)",
+        match=r"dual_stream_config\.length_threshold=.*: "
+        r"must be an integer in \[1, 2147483647\], or null \(default null\)",
     ):
         validate({"enabled": True, "length_threshold": value})
 

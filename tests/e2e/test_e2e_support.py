@@ -15,7 +15,7 @@ import torch
 from cpp_engine import helpers  # noqa: F401  (imports vLLM with the NPU stubs set aside)
 from vllm.sequence import IntermediateTensors
 from vllm.v1.outputs import AsyncModelRunnerOutput, ModelRunnerOutput
-from vllm_ascend_patchset.e2e import bench, model, run
+from vllm_ascend_patchset.e2e import bench, model, servers, smoke
 from vllm_ascend_patchset.e2e import worker as cpu_worker
 
 
@@ -24,28 +24,28 @@ def _flag(command: list[str], name: str) -> str:
 
 
 def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path):
-    ours = run.serve_command(run.ours(2048), tmp_path, 1234, tmp_path / "p")
-    fixed = run.serve_command(run.fixed(512), tmp_path, 1235, tmp_path / "p")
+    ours = servers.serve_command(servers.ours(2048), tmp_path, 1234, tmp_path / "p")
+    fixed = servers.serve_command(servers.fixed(512), tmp_path, 1235, tmp_path / "p")
     for command in (ours, fixed):
         assert _flag(command, "--host") == "127.0.0.1" and _flag(command, "--pipeline-parallel-size") == "2"
         assert "--enable-chunked-prefill" in command
     assert _flag(fixed, "--max-num-batched-tokens") == "512" and "--scheduler-cls" not in fixed
     assert _flag(fixed, "--cpp") == "none"
-    assert _flag(ours, "--scheduler-cls") == run.OURS_SCHEDULER
-    assert _flag(ours, "--worker-extension-cls") == run.WORKER_EXTENSION
+    assert _flag(ours, "--scheduler-cls") == servers.OURS_SCHEDULER
+    assert _flag(ours, "--worker-extension-cls") == servers.WORKER_EXTENSION
     config = json.loads(_flag(ours, "--additional-config"))["profiling_chunk_config"]
-    assert config == {"enabled": True, **run.OURS_PROFILE, "cache_dir": str(tmp_path / "p")}
-    smoke = run.serve_command(run.ours(2048, profile_points=16), tmp_path, 1237, tmp_path / "p")
+    assert config == {"enabled": True, **servers.OURS_PROFILE, "cache_dir": str(tmp_path / "p")}
+    smoke = servers.serve_command(servers.ours(2048, profile_points=16), tmp_path, 1237, tmp_path / "p")
     smoke_config = json.loads(_flag(smoke, "--additional-config"))["profiling_chunk_config"]
     assert smoke_config == {**config, "profile_points": 16}
-    upstream = run.serve_command(run.upstream(2048), tmp_path, 1236, tmp_path / "p")
-    assert _flag(upstream, "--cpp") == "upstream" and _flag(upstream, "--scheduler-cls") == run.UPSTREAM_SCHEDULER
+    upstream = servers.serve_command(servers.upstream(2048), tmp_path, 1236, tmp_path / "p")
+    assert _flag(upstream, "--cpp") == "upstream" and _flag(upstream, "--scheduler-cls") == servers.UPSTREAM_SCHEDULER
     assert "cache_dir" not in _flag(upstream, "--additional-config")
 
 
 def test_prompts_are_unique_per_request_and_repeatable():
-    a, b = run.prompt_ids(4096, 0, 8192), run.prompt_ids(4096, 1, 8192)
-    assert a == run.prompt_ids(4096, 0, 8192) and a != b and a[:64] != b[:64]
+    a, b = servers.prompt_ids(4096, 0, 8192), servers.prompt_ids(4096, 1, 8192)
+    assert a == servers.prompt_ids(4096, 0, 8192) and a != b and a[:64] != b[:64]
     assert min(a + b) >= 3 and max(a + b) < 8192  # no special tokens
 
 
@@ -57,7 +57,7 @@ def test_prompts_are_unique_per_request_and_repeatable():
         ("(EngineCore pid=1) INFO [CPP] latency model t = ...; from cache /p/cpp-profile-ab.json",
          "cache /p/cpp-profile-ab.json"),
         ("[ProfilingChunk] start-up profile rejected (fit error too large)", None),
-        ("[ProfilingChunk] Profiling completed successfully", run.UPSTREAM_PROFILED),
+        ("[ProfilingChunk] Profiling completed successfully", servers.UPSTREAM_PROFILED),
         ("[CPP] latency model from profiled (120 runs after 2 warm-up), saved to /c/p.json: accepted: 8 chunk sizes",
          "profiled (120 runs after 2 warm-up), saved to /c/p.json"),
         ("(EngineCore pid=3) INFO [CPP] latency model from cache /c/p.json: accepted: 8 chunk sizes 1..512",
@@ -65,7 +65,7 @@ def test_prompts_are_unique_per_request_and_repeatable():
     ],
 )  # fmt: skip
 def test_profile_source_is_read_from_the_engine_log(line, source):
-    assert run.profile_source(f"noise\n{line}\nmore") == source
+    assert servers.profile_source(f"noise\n{line}\nmore") == source
 
 
 class FakeRunner:
@@ -206,5 +206,5 @@ def test_uneven_stage_check_reads_the_scheduler_and_worker_lines():
     worker_format = "[CPP e2e] start-up profiling run: %d tokens after %d, %.1f ms (rank %d)"
     scheduler_line = scheduler_format % (1, 2048, 812.5, 790.25)  # noqa: UP031 (the loggers' own %-formats)
     worker_line = worker_format % (2048, 0, 401.5, 1)  # noqa: UP031
-    assert run.TIMED_STEP_RE.findall(f"x {scheduler_line} y") == [("2048", "812.50", "790.25")]
-    assert run.PROFILE_RUN_RE.findall(worker_line) == [("2048", "0", "401.5", "1")]
+    assert smoke.TIMED_STEP_RE.findall(f"x {scheduler_line} y") == [("2048", "812.50", "790.25")]
+    assert smoke.PROFILE_RUN_RE.findall(worker_line) == [("2048", "0", "401.5", "1")]

@@ -36,6 +36,8 @@ from pathlib import Path
 from vllm_ascend_patchset import imports
 from vllm_ascend_patchset.imports import PACKAGE, import_statements, module_of
 
+FULL_TIER = "the replay imports vLLM and every commit's modules in a process of its own"  # tiers.py
+
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout

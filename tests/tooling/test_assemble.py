@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from tooling.tiny_wheel import TINY_PACKAGE, write_wheel
 from vllm_ascend_patchset import assemble as assemble_mod
-from vllm_ascend_patchset import atomic
-from vllm_ascend_patchset.assemble import PRISTINE_MARKER, PatchError, assemble, pristine_tree
-from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_patches
-from vllm_ascend_patchset.twin.policies import assembled_root, pristine_root
+from vllm_ascend_patchset import atomic, trees
+from vllm_ascend_patchset.assemble import PatchError, assemble
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PATCH_DIR, assembled_root
+from vllm_ascend_patchset.series import SeriesError, load_patches
+from vllm_ascend_patchset.trees import PRISTINE_MARKER, pristine_root, pristine_tree
 
 HEADER = "Description: test patch\nFeature: build\nForwarded: no\n\n"
 
@@ -276,8 +277,8 @@ def test_an_unchanged_pristine_tree_is_reused_and_a_rewritten_file_hashed_once(t
     path = tree / "vllm_ascend/core/scheduler.py"
     path.write_bytes(path.read_bytes())  # same bytes, new ctime (as after copying the cache)
     hashed = []
-    real = assemble_mod.matches
-    monkeypatch.setattr(assemble_mod, "matches", lambda data, *row: hashed.append(row) or real(data, *row))
+    real = trees.matches
+    monkeypatch.setattr(trees, "matches", lambda data, *row: hashed.append(row) or real(data, *row))
     assert pristine_tree(tiny_wheel) == tree
     assert len(hashed) == 1, "only the file touched after unpacking is read"
     assert pristine_tree(tiny_wheel) == tree
@@ -293,6 +294,7 @@ def _uses(tree: Path) -> collections.Counter:
     return counts
 
 
+@pytest.mark.full_tier("reads the assembled tree")
 def test_no_patch_leaves_upstream_code_it_made_unused():
     """A top-level class or function of a patched file that upstream used somewhere must not be left
     behind unused (only its definition mentions it) in the shipped tree: remove it in the patch."""

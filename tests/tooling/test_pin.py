@@ -12,7 +12,8 @@ import pytest
 from vllm_ascend_patchset import check
 from vllm_ascend_patchset import pin as pinmod
 from vllm_ascend_patchset.cli import main
-from vllm_ascend_patchset.pin import Pin, PinError, Target
+from vllm_ascend_patchset.pin import Pin, PinError
+from vllm_ascend_patchset.wheel_target import WheelTarget
 
 GOOD = b"the real wheel bytes"
 GOOD_SHA = hashlib.sha256(GOOD).hexdigest()
@@ -28,7 +29,7 @@ def cache(tmp_path, monkeypatch):
 def _serve(monkeypatch, payload: bytes, index_hash: str | None = None) -> list[str]:
     calls: list[str] = []
     links = {"x.whl": ("https://index.invalid/x.whl", index_hash)}
-    monkeypatch.setattr(pinmod, "_index_links", lambda project: links)
+    monkeypatch.setattr(pinmod, "index_links", lambda project: links)
 
     def download(url, dest):
         calls.append(url)
@@ -126,7 +127,7 @@ def test_check_pin_without_index_is_a_one_line_error(cache, monkeypatch, capsys,
 
 
 def _host_wheel(version: str) -> str:
-    host = Target.host()
+    host = WheelTarget.host()
     return f"vllm_ascend-{version}-{host.py}-{host.py}-manylinux_2_34_{host.arch}.whl"
 
 
@@ -136,24 +137,24 @@ def test_check_pin_offline_uses_the_cache_for_the_pinned_and_other_releases(cach
     cache.mkdir(parents=True)
     (cache / _host_wheel("0.23.0")).write_bytes(GOOD)
     (cache / _host_wheel("0.24.0")).write_bytes(b"another release")
-    assert check.release_wheel(pin, "0.23.0", Target.host()) == cache / _host_wheel("0.23.0")
-    assert check.release_wheel(pin, "0.24.0", Target.host()) == cache / _host_wheel("0.24.0")
+    assert check.release_wheel(pin, "0.23.0", WheelTarget.host()) == cache / _host_wheel("0.23.0")
+    assert check.release_wheel(pin, "0.24.0", WheelTarget.host()) == cache / _host_wheel("0.24.0")
     with pytest.raises(PinError, match=r"PATCHSET_OFFLINE=1\) and the cache .* holds no vllm-ascend 0.25.0 wheel"):
-        check.release_wheel(pin, "0.25.0", Target.host())
+        check.release_wheel(pin, "0.25.0", WheelTarget.host())
 
 
 def test_check_pin_lists_releases_in_version_order(monkeypatch):
     names = [_host_wheel(v) for v in ("0.10.0", "0.9.1", "0.23.0", "0.9.2rc1", "0.9.2")]
-    monkeypatch.setattr(check, "_index_links", lambda project: dict.fromkeys(names, ("u", None)))
+    monkeypatch.setattr(check, "index_links", lambda project: dict.fromkeys(names, ("u", None)))
     with pytest.raises(PinError, match=r"newest last: 0\.9\.1, 0\.9\.2rc1, 0\.9\.2, 0\.10\.0, 0\.23\.0$"):
-        check.find_release_wheel("vllm-ascend", "9.9.9", Target.host())
+        check.find_release_wheel("vllm-ascend", "9.9.9", WheelTarget.host())
 
 
 def test_no_network_is_a_clear_error(cache, monkeypatch):
     def unreachable(project):
         raise OSError("Network is unreachable")
 
-    monkeypatch.setattr(pinmod, "_index_links", unreachable)
+    monkeypatch.setattr(pinmod, "index_links", unreachable)
     with pytest.raises(PinError, match=r"cannot download x\.whl .*Network is unreachable.*put the file"):
         pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
 
@@ -169,7 +170,7 @@ def test_pin_lists_six_wheels_and_the_sdist():
 
 def test_unknown_target_lists_the_pinned_ones():
     with pytest.raises(PinError, match=r"no pinned wheel for cp39-riscv64; pinned targets: .*PY=cp310 ARCH=aarch64"):
-        Pin.load().wheel_name(Target("cp39", "riscv64"))
+        Pin.load().wheel_name(WheelTarget("cp39", "riscv64"))
 
 
 def test_patchset_version_matches_the_pin():

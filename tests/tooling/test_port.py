@@ -15,33 +15,22 @@ from pathlib import Path
 import conftest
 import pytest
 from git_repo import git
-from scripted_upstream import edit, pristine_package, status, upstream_repo
+from scripted_upstream import edit, port_inputs, port_onto, status, upstream_repo
 from vllm_ascend_patchset import cli
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, overlay_config_reads
 from vllm_ascend_patchset.hunks import Hunk, parse_diff
-from vllm_ascend_patchset.port import _DEFINITION, APPLIES, CONFLICT, MERGED, PortError, port
-from vllm_ascend_patchset.series import PACKAGE, load_overlay, load_patches
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE
+from vllm_ascend_patchset.port import PortError
+from vllm_ascend_patchset.port_report import APPLIES, CONFLICT, MERGED
+from vllm_ascend_patchset.porter import DEFINITION_LINE
+from vllm_ascend_patchset.series import load_patches
 
 ASSEMBLED = conftest.ASSEMBLED
 
 
-@pytest.fixture(scope="module")
-def pristine() -> Path:
-    return pristine_package()
-
-
 def _repo(tmp_path: Path, pristine: Path, change: Callable[[Path], None] | None = None) -> Path:
     """The pinned files the series and the contracts read, then ``change``."""
-    wanted = {f for p in load_patches() for f in p.files}
-    wanted |= {e.repo_path for e in load_overlay() if e.replaces}
-    wanted |= {f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"}
-    return upstream_repo(tmp_path / "upstream", pristine, wanted, change)
-
-
-def _port(repo: Path, pristine: Path, **kwargs):
-    return port(
-        repo, patches=load_patches(), overlay=load_overlay(), pristine_pkg=pristine, pin_name="v0.23.0", **kwargs
-    )
+    return upstream_repo(tmp_path / "upstream", pristine, port_inputs(), change)
 
 
 def _hunks():
@@ -56,9 +45,10 @@ def _unique(text: str, line: str) -> bool:
     return line.strip() != "" and text.count(line) == 1
 
 
+@pytest.mark.full_tier("compares with the assembled tree")
 def test_porting_onto_the_pin_itself_applies_every_hunk_and_reproduces_the_assembly(tmp_path, pristine):
     repo = _repo(tmp_path, pristine)
-    report = _port(repo, pristine)
+    report = port_onto(repo, pristine)
     assert report.hunks and {h.status for h in report.hunks} == {APPLIES}
     assert report.ok, report.render()
     assert not [o for o in report.overlay if o.needs_attention]
@@ -78,6 +68,7 @@ def _context_hunk(pristine: Path) -> tuple[str, str, int, Hunk]:
     pytest.skip("no hunk of the series has three lines of leading context")
 
 
+@pytest.mark.full_tier("compares with the assembled tree")
 def test_moved_and_changed_context_merges_cleanly(tmp_path, pristine):
     patch, path, number, hunk = _context_hunk(pristine)
     edited = hunk.old[0].rstrip("\n") + "  # upstream edited this context line\n"
@@ -89,7 +80,7 @@ def test_moved_and_changed_context_merges_cleanly(tmp_path, pristine):
         target.write_text(moved + target.read_text())
 
     repo = _repo(tmp_path, pristine, change)
-    report = _port(repo, pristine)
+    report = port_onto(repo, pristine)
     mine = next(h for h in report.hunks if (h.patch, h.path, h.number) == (patch, path, number))
     assert mine.status == MERGED, report.render()
     others = [h for h in report.hunks if h.path == path and h is not mine]
@@ -116,7 +107,7 @@ def test_a_change_to_a_line_the_hunk_changes_is_a_conflict_named_by_patch_file_a
     repo = _repo(tmp_path, pristine, lambda r: edit(r, path, line, upstream_line))
     head = git(repo, "rev-parse", "HEAD")
 
-    report = _port(repo, pristine)
+    report = port_onto(repo, pristine)
     mine = next(h for h in report.hunks if (h.patch, h.path, h.number) == (patch, path, number))
     assert mine.status == CONFLICT
     assert "upstream changed" in mine.detail and upstream_line.strip() in mine.detail
@@ -143,8 +134,8 @@ def test_upstream_editing_a_definition_a_hunk_deletes_is_a_conflict(tmp_path, pr
     found = None
     for patch, path, n, hunk in _hunks():
         text = (pristine.parent / path).read_text()
-        if not hunk.added and any(_DEFINITION.match(line) for line in hunk.removed):
-            body = [line for line in hunk.removed if not _DEFINITION.match(line) and _unique(text, line)]
+        if not hunk.added and any(DEFINITION_LINE.match(line) for line in hunk.removed):
+            body = [line for line in hunk.removed if not DEFINITION_LINE.match(line) and _unique(text, line)]
             if body:
                 found = patch.name, path, n, body[0]
                 break
@@ -153,7 +144,7 @@ def test_upstream_editing_a_definition_a_hunk_deletes_is_a_conflict(tmp_path, pr
     patch, path, number, line = found
     upstream_line = line.rstrip("\n") + "  # upstream changed the deleted code\n"
     repo = _repo(tmp_path, pristine, lambda r: edit(r, path, line, upstream_line))
-    report = _port(repo, pristine, dry_run=True)
+    report = port_onto(repo, pristine, dry_run=True)
     mine = next(h for h in report.hunks if (h.patch, h.path, h.number) == (patch, path, number))
     assert mine.status == CONFLICT and upstream_line.strip() in mine.detail, report.render()
 
@@ -178,7 +169,7 @@ def test_a_removed_ascend_metadata_field_fails_the_metadata_contract(tmp_path, p
     removed = "".join(lines[field.lineno - 1 : field.end_lineno])
 
     repo = _repo(tmp_path, pristine, lambda r: edit(r, f"{PACKAGE}/{ATTENTION_V1}", removed, ""))
-    report = _port(repo, pristine, dry_run=True)
+    report = port_onto(repo, pristine, dry_run=True)
     failed = [c for c in report.contracts if not c.ok]
     assert len(failed) == 1 and "AscendMetadata" in failed[0].name
     assert field.target.id in failed[0].detail and "no longer exist" in failed[0].detail
@@ -187,11 +178,7 @@ def test_a_removed_ascend_metadata_field_fails_the_metadata_contract(tmp_path, p
 
 def test_a_config_flag_our_code_reads_that_upstream_renamed_fails_the_config_contract(tmp_path, pristine):
     config_source = (pristine / ASCEND_CONFIG).read_text()
-    flag = next(
-        r.path[0]
-        for r in overlay_config_reads(conftest.ROOT / "vllm_ascend_overlay")
-        if f"self.{r.path[0]} = " in config_source
-    )
+    flag = next(r.path[0] for r in overlay_config_reads(OVERLAY_DIR) if f"self.{r.path[0]} = " in config_source)
     repo = _repo(
         tmp_path,
         pristine,
@@ -199,7 +186,7 @@ def test_a_config_flag_our_code_reads_that_upstream_renamed_fails_the_config_con
             config_source.replace(f"self.{flag} ", f"self.{flag}_renamed ")
         ),
     )
-    report = _port(repo, pristine, dry_run=True)
+    report = port_onto(repo, pristine, dry_run=True)
     failed = [c for c in report.contracts if not c.ok]
     assert failed and all(f"AscendConfig.{flag}" in c.name for c in failed), [c.name for c in failed]
     assert f"has no attribute {flag}" in failed[0].detail
@@ -210,6 +197,6 @@ def test_uncommitted_changes_in_a_file_the_port_writes_are_refused_and_kept(tmp_
     path = next(iter(load_patches())).files[0]
     (repo / path).write_text((repo / path).read_text() + "# local work\n")
     with pytest.raises(PortError, match=rf"uncommitted changes in files the port writes:\n M {path}\ncommit or stash"):
-        _port(repo, pristine)
+        port_onto(repo, pristine)
     assert (repo / path).read_text().endswith("# local work\n")
     assert status(repo) == {path}

@@ -17,41 +17,27 @@ from pathlib import Path
 
 import pytest
 from git_repo import git
-from scripted_upstream import pristine_package, status, upstream_repo
+from scripted_upstream import port_inputs, port_onto, status, upstream_repo
 from vllm_ascend_patchset import cli
 from vllm_ascend_patchset.checkout_files import CheckoutPathError, path_problems, write_text
-from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE
 from vllm_ascend_patchset.port import PortError, port
-from vllm_ascend_patchset.series import OVERLAY_DIR, PACKAGE, load_overlay, load_patches
+from vllm_ascend_patchset.series import load_overlay, load_patches
 
 OURS = "core/cpp_config.py"  # a new file of ours that our patches import
 FOLDER = "dual_stream"  # a folder only we have
 PRECIOUS = "# a file outside the checkout\n"
 
 
-@pytest.fixture(scope="module")
-def pristine() -> Path:
-    return pristine_package()
-
-
 def _repo(tmp_path: Path, pristine: Path, change: Callable[[Path], None] | None = None) -> Path:
     """The pinned files the series and the contracts read; ``change`` (new entries staged) is committed."""
-    wanted = {f for p in load_patches() for f in p.files}
-    wanted |= {e.repo_path for e in load_overlay() if e.replaces}
-    wanted |= {f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"}
 
     def committed(repo: Path) -> None:
         assert change is not None
         change(repo)
         git(repo, "add", "-A")
 
-    return upstream_repo(tmp_path / "upstream", pristine, wanted, committed if change else None)
-
-
-def _port(repo: Path, pristine: Path, **kwargs):
-    return port(
-        repo, patches=load_patches(), overlay=load_overlay(), pristine_pkg=pristine, pin_name="v0.23.0", **kwargs
-    )
+    return upstream_repo(tmp_path / "upstream", pristine, port_inputs(), committed if change else None)
 
 
 def _outside(tmp_path: Path) -> Path:
@@ -90,7 +76,7 @@ def test_a_file_upstream_added_at_the_path_of_ours_is_a_conflict_that_fails_the_
 def test_upstream_holding_our_file_as_it_is_is_no_conflict(tmp_path, pristine):
     """Our file merged upstream unchanged (a contribution landed): nothing to decide."""
     repo = _repo(tmp_path, pristine, lambda r: (r / PACKAGE / OURS).write_bytes((OVERLAY_DIR / OURS).read_bytes()))
-    report = _port(repo, pristine)
+    report = port_onto(repo, pristine)
     mine = next(o for o in report.overlay if o.relpath == OURS)
     assert "already there" in mine.status and report.ok, report.render()
     assert f"{PACKAGE}/{OURS}" not in report.written and f"{PACKAGE}/{OURS}" not in status(repo)
@@ -104,7 +90,7 @@ def test_exit_status_1_exactly_when_the_report_lists_something_to_resolve(tmp_pa
         path = repo / replaced.repo_path
         path.write_text(path.read_text() + "# upstream changed this file\n")
 
-    report = _port(_repo(tmp_path, pristine, change), pristine, dry_run=True)
+    report = port_onto(_repo(tmp_path, pristine, change), pristine, dry_run=True)
     text = report.render()
     assert report.ok and _to_resolve(text) == "\n  nothing", text
     review = text.split("\nTo review")[1]
@@ -125,7 +111,7 @@ def test_a_committed_symlink_at_a_patched_file_is_refused_and_its_target_keeps_i
     repo = _repo(tmp_path, pristine, link)
     for dry_run in (False, True):
         with pytest.raises(PortError) as error:
-            _port(repo, pristine, dry_run=dry_run)
+            port_onto(repo, pristine, dry_run=dry_run)
         assert f"{path} is a symbolic link (to {victim})" in str(error.value)
         assert "never writes through a link" in str(error.value) and "nothing was written" in str(error.value)
     assert victim.read_text() == PRECIOUS
@@ -139,7 +125,7 @@ def test_a_dangling_symlink_at_the_path_of_a_new_file_of_ours_is_refused(tmp_pat
     missing = tmp_path / "elsewhere" / "not-yet.py"
     repo = _repo(tmp_path, pristine, lambda r: os.symlink(missing, r / PACKAGE / OURS))
     with pytest.raises(PortError, match=f"{PACKAGE}/{OURS} is a symbolic link"):
-        _port(repo, pristine)
+        port_onto(repo, pristine)
     assert not missing.exists() and not missing.parent.exists()
 
 
@@ -149,7 +135,7 @@ def test_a_symlinked_folder_the_port_writes_into_is_refused(tmp_path, pristine):
     assert [e for e in load_overlay() if e.relpath.startswith(f"{folder}/")], f"the overlay has {folder}/"
     repo = _repo(tmp_path, pristine, lambda r: os.symlink(elsewhere, r / PACKAGE / folder))
     with pytest.raises(PortError, match=f"{PACKAGE}/{folder} is a symbolic link .*a folder of {PACKAGE}/{folder}/"):
-        _port(repo, pristine)
+        port_onto(repo, pristine)
     assert sorted(p.name for p in elsewhere.iterdir()) == ["victim.py"]
 
 
@@ -164,7 +150,7 @@ def test_a_folder_where_a_file_goes_and_a_file_where_a_folder_goes_are_refused_t
 
     repo = _repo(tmp_path, pristine, change)
     with pytest.raises(PortError) as error:
-        _port(repo, pristine)
+        port_onto(repo, pristine)
     message = str(error.value)
     assert f"{PACKAGE}/{OURS} is a folder where the port writes a file" in message
     assert f"{PACKAGE}/{folder} is a file where the port needs a folder" in message
@@ -209,7 +195,7 @@ def test_the_port_keeps_a_written_files_mode_and_leaves_its_other_hard_links_alo
     linked = tmp_path / "hard-link.py"
     os.link(repo / path, linked)
     before = linked.read_text()
-    report = _port(repo, pristine)
+    report = port_onto(repo, pristine)
     assert path in report.written and (repo / path).read_text() != before
     assert stat.S_IMODE((repo / path).stat().st_mode) == 0o755 and linked.read_text() == before
     assert not [p for p in (repo / path).parent.iterdir() if p.name.startswith(".")], "no temporary file left"
@@ -238,7 +224,7 @@ def test_a_git_ignored_file_at_the_path_of_ours_is_refused_and_kept(tmp_path, pr
     repo = _repo(tmp_path, pristine, lambda r: (r / ".gitignore").write_text("cpp_config.py\n"))
     (repo / PACKAGE / OURS).write_text("# a local, ignored file\n")
     with pytest.raises(PortError) as error:
-        _port(repo, pristine)
+        port_onto(repo, pristine)
     message = str(error.value)
     assert f"uncommitted changes in files the port writes:\n!! {PACKAGE}/{OURS}\n" in message
     assert "move an ignored (!!) file away" in message

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 from git_repo import git
-from scripted_upstream import edit, pristine_package, status, upstream_repo
+from scripted_upstream import edit, status, upstream_repo
 from vllm_ascend_patchset import port as port_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
-from vllm_ascend_patchset.diffs import _diff_lines
-from vllm_ascend_patchset.port import ALREADY, APPLIES, CONFLICT, REFRESHED, _answered, port, write_report
-from vllm_ascend_patchset.series import OVERLAY_DIR, PATCH_DIR, SeriesError, load_overlay, load_patches
+from vllm_ascend_patchset.hunks import git_diff
+from vllm_ascend_patchset.paths import OVERLAY_DIR, PATCH_DIR
+from vllm_ascend_patchset.port import answered_contracts, port, write_report
+from vllm_ascend_patchset.port_report import ALREADY, APPLIES, CONFLICT, REFRESHED
+from vllm_ascend_patchset.series import SeriesError, load_overlay, load_patches
 from vllm_ascend_patchset.target_diffs import TargetDiffsError, write_target_diffs
 from vllm_ascend_patchset.targets import git_blob, load_target, with_header
 
@@ -31,17 +33,12 @@ HEADER = {"Description": "Mark the platform and the loaders", "Feature": "build"
 NAME = "0001-synthetic.patch"
 
 
-@pytest.fixture(scope="module")
-def pristine() -> Path:
-    return pristine_package()
-
-
 def _marked(text: str, loaders_note: str = "    # patch set: loaders registered\n", ret: str = PINNED_RETURN) -> str:
     return text.replace(LOADERS, LOADERS + loaders_note).replace(ret, ret.rstrip("\n") + "  # patch set\n")
 
 
 def _patch_text(before: str, after: str, path: str = INIT, **header: str) -> str:
-    return with_header({**HEADER, **header}, _diff_lines(before.splitlines(True), after.splitlines(True), path, False))
+    return with_header({**HEADER, **header}, git_diff(before.splitlines(True), after.splitlines(True), path, False))
 
 
 class World:
@@ -206,7 +203,7 @@ def test_an_overlay_patch_follows_a_later_change_to_its_overlay_file(world, tmp_
     assert [h.status for h in report.hunks if h.patch == "0900-overlay.patch"] == [REFRESHED], report.render()
     written = (world.upstream / "vllm_ascend/patchset.py").read_text()
     assert written == "# changed after the target patch was made\n" + original + target_line
-    assert report.porter.refreshed[world.folder / "0900-overlay.patch"].count(f"patchset.py {git_blob(module)}") == 1
+    assert report.refreshed[world.folder / "0900-overlay.patch"].count(f"patchset.py {git_blob(module)}") == 1
 
 
 def test_an_overlay_patch_that_conflicts_with_a_later_change_is_reported_and_fails_the_config_contract(world, tmp_path):
@@ -224,7 +221,7 @@ def test_an_overlay_patch_that_conflicts_with_a_later_change_is_reported_and_fai
 def test_an_answered_contract_is_ok_and_says_how_and_an_unused_answer_fails(world):
     target = world.target()
     object.__setattr__(target, "answers", {"key x": "read where upstream reads it", "key gone": "old"})
-    results = _answered(
+    results = answered_contracts(
         [ContractResult("key x", False, "it moved", "a.py:1"), ContractResult("y", True, "fine")], target
     )
     assert results[0].ok and "answered by target t: read where upstream reads it (check: it moved)" in results[0].detail
@@ -273,4 +270,4 @@ def test_a_pinned_deletion_the_target_version_already_makes_is_already_there(wor
     statuses = [h.status for h in report.hunks]
     assert ALREADY in statuses and CONFLICT not in statuses and report.ok, report.render()
     assert (world.upstream / INIT).read_text() == ported
-    assert f"Ported-From: {NAME} {git_blob(world.patches / NAME)}" in report.porter.refreshed[world.folder / NAME]
+    assert f"Ported-From: {NAME} {git_blob(world.patches / NAME)}" in report.refreshed[world.folder / NAME]

@@ -10,8 +10,11 @@ import ast
 from pathlib import Path
 
 import conftest
+import pytest
+from vllm_ascend_patchset.paths import SCRIPTS_DIR, TESTS_DIR
 from vllm_ascend_patchset.series import load_overlay
 
+pytestmark = pytest.mark.full_tier("reads the assembled tree")
 PACKAGE = conftest.ASSEMBLED / "vllm_ascend"
 # The CPU stand-ins of the dual-stream backend interface (the tests' and the bench's emulated
 # link), the bench's attention and batch stand-ins, and the old test-only switch.
@@ -28,7 +31,7 @@ TEST_ONLY_NAMES = (
     "CpuAttentionSplitter",
     "DsCpuWorker",
 )
-BENCH = conftest.ROOT / "scripts" / "vllm_ascend_patchset" / "dsbench"
+BENCH = SCRIPTS_DIR / "vllm_ascend_patchset" / "dsbench"
 
 
 def _classes(path: Path) -> set[str]:
@@ -46,7 +49,7 @@ def test_no_test_only_name_anywhere_in_the_assembled_package():
 
 
 def test_no_class_of_the_tests_is_defined_by_the_overlay():
-    test_classes = set().union(*(_classes(p) for d in (conftest.ROOT / "tests", BENCH) for p in d.rglob("*.py")))
+    test_classes = set().union(*(_classes(p) for d in (TESTS_DIR, BENCH) for p in d.rglob("*.py")))
     shipped = {e.relpath: _classes(PACKAGE / e.relpath) for e in load_overlay() if e.relpath.endswith(".py")}
     assert {path: names & test_classes for path, names in shipped.items() if names & test_classes} == {}
     assert {"SequentialBackend", "GlooAsyncBackend"} <= test_classes, "the check sees the CPU backends of the tests"

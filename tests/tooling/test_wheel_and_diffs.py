@@ -17,9 +17,10 @@ from vllm_ascend_patchset import wheel as wheel_mod
 from vllm_ascend_patchset.assemble import assemble
 from vllm_ascend_patchset.diffs import series_by_feature, write_diffs
 from vllm_ascend_patchset.imports import imported_modules, module_of
-from vllm_ascend_patchset.pin import Pin, Target
+from vllm_ascend_patchset.pin import Pin
 from vllm_ascend_patchset.series import SeriesError
 from vllm_ascend_patchset.wheel import WheelError, build_wheel
+from vllm_ascend_patchset.wheel_target import WheelTarget
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +42,8 @@ def test_assembled_tree_is_pristine_plus_series_plus_overlay(assembly):
 
 def test_wheel_is_verified_installable_and_faithful(assembly, tmp_path):
     pin = Pin.load()
-    first = build_wheel(Target.host(), pin=pin, out_dir=tmp_path / "a", assembly=assembly)
-    host = Target.host()
+    first = build_wheel(WheelTarget.host(), pin=pin, out_dir=tmp_path / "a", assembly=assembly)
+    host = WheelTarget.host()
     tags = f"{host.py}-{host.py}-manylinux_2_34_{host.arch}"
     assert first.path.name == f"vllm_ascend-{pin.version}+{pin.local_version}-{tags}.whl"
     with zipfile.ZipFile(first.path) as z, zipfile.ZipFile(assembly.wheel) as up:
@@ -69,14 +70,14 @@ def tiny_assembly(tmp_path, tiny_wheel, private_cache):
 
 
 def test_wheel_is_reproducible(tiny_assembly, tmp_path):
-    first = build_wheel(Target.host(), out_dir=tmp_path / "a", assembly=tiny_assembly, verify_install=False)
-    second = build_wheel(Target.host(), out_dir=tmp_path / "b", assembly=tiny_assembly, verify_install=False)
+    first = build_wheel(WheelTarget.host(), out_dir=tmp_path / "a", assembly=tiny_assembly, verify_install=False)
+    second = build_wheel(WheelTarget.host(), out_dir=tmp_path / "b", assembly=tiny_assembly, verify_install=False)
     assert first.sha256 == second.sha256 and first.path.read_bytes() == second.path.read_bytes()
 
 
 def test_a_wheel_that_fails_verification_never_reaches_dist(tiny_assembly, tmp_path, monkeypatch, dead_pid):
     dist = tmp_path / "dist"
-    good = build_wheel(Target.host(), out_dir=dist, assembly=tiny_assembly, verify_install=False)
+    good = build_wheel(WheelTarget.host(), out_dir=dist, assembly=tiny_assembly, verify_install=False)
     before = good.path.read_bytes()
     (dist / f".wheel-{dead_pid}-abcd1234").mkdir()  # left by a killed build
     (tiny_assembly.package / "platform.py").write_text("broken = True\n")
@@ -86,7 +87,7 @@ def test_a_wheel_that_fails_verification_never_reaches_dist(tiny_assembly, tmp_p
 
     monkeypatch.setattr(wheel_mod, "verify_wheel", refuse)
     with pytest.raises(WheelError, match="refused"):
-        build_wheel(Target.host(), out_dir=dist, assembly=tiny_assembly)
+        build_wheel(WheelTarget.host(), out_dir=dist, assembly=tiny_assembly)
     assert good.path.read_bytes() == before, "the last verified wheel stays"
     assert os.listdir(dist) == [good.path.name], "no unverified wheel, no scratch left over"
 
@@ -102,7 +103,7 @@ def test_an_interrupted_wheel_write_leaves_nothing(tiny_assembly, tmp_path, monk
 
     monkeypatch.setattr(wheel_mod, "_entry", entry)
     with pytest.raises(KeyboardInterrupt):
-        build_wheel(Target.host(), out_dir=tmp_path / "dist", assembly=tiny_assembly)
+        build_wheel(WheelTarget.host(), out_dir=tmp_path / "dist", assembly=tiny_assembly)
     assert os.listdir(tmp_path / "dist") == []
 
 

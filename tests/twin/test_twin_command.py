@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from twin_scripted import ScriptedDriver, timer_from_table
 from vllm_ascend_patchset.twin import policies as pol
-from vllm_ascend_patchset.twin.command import main, parse_tokens, summarize_case
+from vllm_ascend_patchset.twin.command import main, summarize_case
+from vllm_ascend_patchset.twin.options import parse_tokens
 from vllm_ascend_patchset.twin.pipeline import run_pipeline
 from vllm_ascend_patchset.twin.report import format_table
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from vllm_ascend_patchset.twin.report import _union, overlap_ms
+from vllm_ascend_patchset.twin.report import interval_union, overlap_ms
 from vllm_ascend_patchset.twin.summary import load_cases, main, summary_table
 
 intervals = st.lists(
@@ -20,7 +20,7 @@ intervals = st.lists(
 @given(intervals, intervals)
 def test_overlap_is_the_length_of_the_intersection_point_by_point(first, second):
     """Against a brute force on a fine grid of the two unions."""
-    a, b = _union(first), _union(second)
+    a, b = interval_union(first), interval_union(second)
     cuts = sorted({x for iv in a + b for x in iv})
     expected = 0.0
     for lo, hi in zip(cuts[:-1], cuts[1:], strict=False):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from twin_scripted import ScriptedDriver
+from vllm_ascend_patchset.paths import DATA_DIR
 from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.command import main
 from vllm_ascend_patchset.twin.pipeline import RequestLog, run_pipeline
@@ -118,7 +119,7 @@ def test_every_mixed_and_trace_item_runs_at_each_load_in_one_invocation():
     from vllm_ascend_patchset.twin.command import build_parser
     from vllm_ascend_patchset.twin.options import build_workloads
 
-    trace = pol.ROOT / "tests" / "data" / "traces" / "mooncake.jsonl"
+    trace = DATA_DIR / "traces" / "mooncake.jsonl"
     args = build_parser().parse_args(
         ["--workload", f"long:4k,trace:{trace}@10:6,mixed", "--load", "0.4,0.8", "--requests", "5"]
     )

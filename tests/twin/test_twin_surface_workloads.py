@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from vllm_ascend_patchset.paths import CPU_SURFACE
 from vllm_ascend_patchset.twin.pipeline import Chunk
 from vllm_ascend_patchset.twin.stress import STRESS_SURFACES
 from vllm_ascend_patchset.twin.surface import SYNTHETIC, GridSurface, QuadraticSurface, StageTimer, batch_ms, request_ms
 from vllm_ascend_patchset.twin.surface_files import load_surface
 from vllm_ascend_patchset.twin.workloads import long_prompt, mixed, prompt_token_ids
 
-ROOT = Path(__file__).resolve().parents[2]
 TRUE = QuadraticSurface(5.0, 0.04, 1e-4, 3e-6, 2e-6, name="true")
 
 
@@ -81,7 +80,7 @@ def test_profile_without_coefficients_falls_back_to_its_samples(tmp_path):
 
 
 def test_committed_cpu_surface_loads_when_present():
-    path = ROOT / "tests" / "data" / "cpu_surface.csv"
+    path = CPU_SURFACE
     if not path.exists():
         pytest.skip("tests/data/cpu_surface.csv is produced by the latency-model work")
     surface = load_surface(str(path))
@@ -190,7 +189,7 @@ def test_a_ragged_grid_keeps_every_measured_row():
 
 
 def test_the_committed_cpu_surface_is_its_measurements_not_a_fit():
-    surface = load_surface(str(ROOT / "tests" / "data" / "cpu_surface.csv"))
+    surface = load_surface(str(CPU_SURFACE))
     assert isinstance(surface, GridSurface) and len(surface.levels) >= 5
 
 

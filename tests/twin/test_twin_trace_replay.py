@@ -1,12 +1,16 @@
 """A trace replayed through the real schedulers: shared block ids are prefix-cache hits, and --json carries
-the serving figures. One invocation of the command (one subprocess per tree)."""
+the serving figures. One invocation of the command, its cases run in the session's wave of workers (twin_wave.py)."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+import twin_wave
 from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.command import main
 from vllm_ascend_patchset.twin.engine import BLOCK_TOKENS
@@ -14,6 +18,7 @@ from vllm_ascend_patchset.twin.report import figures_from_result
 from vllm_ascend_patchset.twin.slo import Slo
 from vllm_ascend_patchset.twin.traces import read_trace
 
+pytestmark = pytest.mark.full_tier("the twin's policy workers import vLLM and the assembled tree")
 A = list(range(100, 108))
 # (timestamp ms, prompt tokens, output tokens, block ids): 512-token blocks.
 TRACE = [
@@ -27,26 +32,26 @@ TRACE = [
 EXPECTED_HITS = [0, 0, 2944, 896, 0, 1024]
 
 
-@pytest.fixture(scope="module")
-def replay(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("replay")
+def _replay_argv(folder: Path) -> list[str]:
+    """The command line replaying the hand-made trace, written into ``folder``."""
     trace = folder / "hand.jsonl"
     lines = [{"timestamp": t, "input_length": n, "output_length": o, "hash_ids": ids} for t, n, o, ids in TRACE]
     trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    captured = {}
-    real = pol.run_cases
-
-    def run_cases(cases, log_dir=None):
-        captured["results"] = real(cases, log_dir)
-        return captured["results"]
-
     # A load of 0.05: each request arrives after the ones before it finished, so every hit is in the cache.
     argv = ["--surface", "synthetic", "--stages", "2", "--workload", f"trace:{trace}@0:{len(TRACE)}"]
-    argv += ["--load", "0.05", "--policies", "fixed,upstream,ours", "--json", str(folder / "out.json")]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(pol, "run_cases", run_cases)
-        code = main(argv)
-    return code, trace, captured["results"][0], json.loads((folder / "out.json").read_text())
+    return argv + ["--load", "0.05", "--policies", "fixed,upstream,ours", "--json", str(folder / "out.json")]
+
+
+FOLDER = Path(tempfile.mkdtemp(prefix="twin-trace-replay-"))  # the trace must exist when the cases are built
+atexit.register(shutil.rmtree, FOLDER, ignore_errors=True)
+twin_wave.add_command("trace-replay", main, _replay_argv(FOLDER))
+
+
+@pytest.fixture(scope="module")
+def replay():
+    code = twin_wave.run_command("trace-replay", main, _replay_argv(FOLDER))
+    trace = FOLDER / "hand.jsonl"
+    return code, trace, twin_wave.results("trace-replay")[0], json.loads((FOLDER / "out.json").read_text())
 
 
 def test_the_expected_hits_are_the_hand_computed_ones(replay):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from vllm_ascend_patchset.paths import DATA_DIR
 from vllm_ascend_patchset.twin.surface import SYNTHETIC, QuadraticSurface
 from vllm_ascend_patchset.twin.traces import (
     TraceRecord,
@@ -23,9 +24,8 @@ from vllm_ascend_patchset.twin.workloads import (
     prompt_token_ids,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-MOONCAKE = ROOT / "tests" / "data" / "traces" / "mooncake.jsonl"
-AZURE = ROOT / "tests" / "data" / "traces" / "azure_code.csv"
+MOONCAKE = DATA_DIR / "traces" / "mooncake.jsonl"
+AZURE = DATA_DIR / "traces" / "azure_code.csv"
 CACHE_BLOCK = 128
 
 

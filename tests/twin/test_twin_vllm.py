@@ -1,27 +1,28 @@
 """The twin driving real schedulers: vLLM 0.23.0's fixed chunking, upstream's CPP, ours.
 
 Each tree runs in its own subprocess (both CPP schedulers import under the same name);
-the workloads are small so the whole module takes a few subprocess start-ups.
+the cases of this module and of the trace replay run in one wave of them (twin_wave.py).
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
+import twin_wave
+from vllm_ascend_patchset import paths
 from vllm_ascend_patchset.twin import policies as pol
 from vllm_ascend_patchset.twin.optimum import optimum
 from vllm_ascend_patchset.twin.pipeline import BatchRecord
 from vllm_ascend_patchset.twin.report import completeness_problems, figures_from_result
 from vllm_ascend_patchset.twin.surface import QuadraticSurface
 from vllm_ascend_patchset.twin.surface_files import load_surface
-from vllm_ascend_patchset.twin.tune import grid, tune
+from vllm_ascend_patchset.twin.tune import grid, tune_cases, tune_result
 from vllm_ascend_patchset.twin.workloads import long_prompt, mixed
 
 SURFACE = "quadratic:20,0.06,2e-5,4e-6,4e-6"
 COEFFS = QuadraticSurface(20, 0.06, 2e-5, 4e-6, 4e-6)
 CHUNK = 2048
 LONG = long_prompt(12 * 1024)
+pytestmark = pytest.mark.full_tier("the twin's policy workers import vLLM and the assembled tree")
 MIXED = mixed(COEFFS, 2, seed=5, num_requests=8, min_prompt_tokens=1024, max_prompt_tokens=6144,
               prefix_hit_share=0.5, min_output_tokens=2, max_output_tokens=10, load=0.8,
               reference_chunk_tokens=CHUNK)  # fmt: skip
@@ -46,7 +47,7 @@ CASES = {
 # The CPP gates: one prompt on the committed CPU surface and on the synthetic accelerator-like
 # one, at P = 2 and 4; ours must be within 3% of the least TTFT any chunking reaches, and never
 # slower than upstream's CPP.
-CPU_SURFACE = str(pol.ROOT / "tests" / "data" / "cpu_surface.csv")
+CPU_SURFACE = str(paths.CPU_SURFACE)
 GATE_CHUNK = 8192
 GATE_PROMPT = long_prompt(24 * 1024)
 GATES = {
@@ -56,7 +57,7 @@ GATES = {
 }
 # Surfaces a quadratic cannot follow: measured on this CPU at other widths and depths, and the
 # stress family (twin/stress.py); one prompt at P = 4. And short prompts on deep pipelines.
-DATA = pol.ROOT / "tests" / "data"
+DATA = paths.DATA_DIR
 GATES.update(
     {
         f"gate-{name}-p4": pol.Setup(spec, 4, GATE_PROMPT)
@@ -84,21 +85,25 @@ def again(candidate) -> pol.Policy:
     return pol.Policy(f"again-{policy.name}", policy.kind, policy.max_num_batched_tokens, policy.additional_config)
 
 
+# Registered for the session's one wave of workers (twin_wave.py), with the trace replay's cases.
+TUNE_CANDIDATES = grid(**TUNE_GRID)
+twin_wave.add("tune", tune_cases([TUNE_SETUP], TUNE_CANDIDATES))
+_COMPARED = [(setup, comparison()) for setup in CASES.values()]
+_COMPARED.append((TUNE_SETUP, [again(c) for c in TUNE_CANDIDATES]))
+_GATE_POLICIES = [pol.upstream(GATE_CHUNK)] + ([pol.ours(GATE_CHUNK)] if pol.ours_available() else [])
+_COMPARED += [(setup, _GATE_POLICIES) for setup in GATES.values()]
+_UNEVEN = [pol.ours(CHUNK, max_fit_chunk=8, calibration_window=8, timing_every=1)] if pol.ours_available() else []
+_COMPARED.append((UNEVEN, _UNEVEN))
+twin_wave.add("compared", _COMPARED)
+
+
 @pytest.fixture(scope="module")
 def twin():
-    """One wave of subprocesses: the tuner, and (independently) the comparison cases plus every
-    tuning candidate measured again, so whatever the tuner recommends has a fresh measurement."""
-    cases = [(setup, comparison()) for setup in CASES.values()]
-    cases.append((TUNE_SETUP, [again(c) for c in grid(**TUNE_GRID)]))
-    gate_policies = [pol.upstream(GATE_CHUNK)] + ([pol.ours(GATE_CHUNK)] if pol.ours_available() else [])
-    cases += [(setup, gate_policies) for setup in GATES.values()]
-    uneven = [pol.ours(CHUNK, max_fit_chunk=8, calibration_window=8, timing_every=1)] if pol.ours_available() else []
-    cases.append((UNEVEN, uneven))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        tuned = pool.submit(tune, [TUNE_SETUP], **TUNE_GRID)
-        compared = pool.submit(pol.run_cases, cases)
-        results = compared.result()
-        return tuned.result(), dict(zip([*CASES, "tune-again", *GATES, "uneven"], results, strict=True))
+    """The tuner's result, and the comparison cases plus every tuning candidate measured again, so whatever
+    the tuner recommends has a measurement of its own."""
+    tuned = tune_result([TUNE_SETUP], TUNE_CANDIDATES, twin_wave.results("tune"))
+    results = twin_wave.results("compared")
+    return tuned, dict(zip([*CASES, "tune-again", *GATES, "uneven"], results, strict=True))
 
 
 @pytest.fixture(scope="module")

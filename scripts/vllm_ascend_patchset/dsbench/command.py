@@ -19,7 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..pin import ROOT, Target
+from ..paths import ROOT
+from ..wheel_target import WheelTarget as Target
 from . import cases as bench_cases
 from . import report
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..twin.policies import ROOT
-from . import run as e2e
+from ..paths import ROOT
+from . import servers as e2e
 from .model import TINY_QWEN3, write_tiny_qwen3
 
 FIDELITY_TOLERANCE = 0.10

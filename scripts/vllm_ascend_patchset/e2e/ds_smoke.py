@@ -1,4 +1,4 @@
-"""Dual stream in vLLM's CPU engine: the smoke (``run ds-smoke``, in ``make e2e``).
+"""Dual stream in vLLM's CPU engine: the smoke (``run ds-smoke``, in ``make e2e``); ``ds_bench`` times it.
 
 Two cases, each served twice from the same tiny Qwen3 with the same prompts:
 
@@ -20,7 +20,6 @@ which batches split is decided by the batches alone, not by timings. Checks:
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
 import shutil
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import run as e2e
+from . import servers as e2e
 from .ds_env import LINK_ENV, REPORT_DIR_ENV
 from .model import TINY_QWEN3, write_tiny_qwen3
 
@@ -64,20 +63,6 @@ def serve_command(model_dir: Path, port: int, tp: int, pp: int, dual_stream: boo
     command += ["--worker-extension-cls", DS_CPP_WORKER if cpp else DS_WORKER]
     command += ["--additional-config", json.dumps(additional)]
     return command
-
-
-class DsServer(e2e.Server):
-    """``e2e.Server`` (bounded start, clean stop, leftovers checked) with a command of its own."""
-
-    def __init__(self, command_for_port, log_path: Path, extra_env: dict) -> None:
-        self.policy = None
-        self.extra_env = extra_env
-        self.port = e2e.free_port()
-        self.log_path = log_path
-        self.command = command_for_port(self.port)
-        self.proc = None
-        self._shm_before: set[str] = set()
-        self.leftovers: list[str] = []
 
 
 def server_env(ranks: int, report_dir: Path, link: str = "") -> dict[str, str]:
@@ -150,7 +135,7 @@ def run_case(name: str, tp: int, pp: int, model_dir: Path, work: Path) -> list[s
         report_dir = work / name / ("on" if on else "off")
         shutil.rmtree(report_dir, ignore_errors=True)
         report_dir.mkdir(parents=True)
-        server = DsServer(
+        server = e2e.ServerProcess(
             lambda port, on=on, cpp=cpp: serve_command(model_dir, port, tp, pp, on, cpp, work / name / "cache"),
             report_dir / "server.log",
             server_env(tp * pp, report_dir),
@@ -184,79 +169,26 @@ def run_case(name: str, tp: int, pp: int, model_dir: Path, work: Path) -> list[s
 
 
 def smoke(cases: list[str]) -> int:
+    """Runs ``cases`` in order and stops at the first that fails (the rest are reported as not run)."""
+    unknown = [name for name in cases if name not in CASES]
+    if unknown:
+        print(f"ds-smoke: unknown case(s) {unknown}; the cases are {', '.join(CASES)}", file=sys.stderr)
+        return 2
     started = time.monotonic()
     work = e2e.E2E_CACHE / "ds-smoke"
     shutil.rmtree(work, ignore_errors=True)  # CPP profiles afresh, as from a clean clone
     model_dir = write_tiny_qwen3(e2e.E2E_CACHE / "model")
-    failures = []
+    failures: list[str] = []
+    passed = 0
     for name in cases:
         tp, pp = CASES[name]
-        failures += run_case(name, tp, pp, model_dir, work)
+        failures = run_case(name, tp, pp, model_dir, work)
         if failures:
             break
+        passed += 1
     for failure in failures:
         print(f"ds-smoke: FAIL {failure}", file=sys.stderr)
     print(f"ds-smoke: {time.monotonic() - started:.0f} s")
-    print(f"{len(cases) - min(len(cases), len(failures))} passed, {min(len(cases), len(failures))} failed")
+    failed = 1 if failures else 0
+    print(f"{passed} passed, {failed} failed, {len(cases) - passed - failed} not run")
     return 1 if failures else 0
-
-
-# --------------------------------------------------------------------------- prefill time, on / off
-def bench(args: Any) -> int:
-    """The engine's prefill time at TP = 2, dual stream off and on, over an emulated link; their ratio.
-
-    Each round sends ``--prompts`` fresh prompts of ``--prompt-tokens`` in one request for one
-    token each: one batch of prefills (the budget holds them all), timed by the client. The
-    figure is the fastest round of each server (other jobs only ever slow a round down).
-    """
-    work = e2e.E2E_CACHE / "ds-bench"
-    model_dir = write_tiny_qwen3(e2e.E2E_CACHE / "model")
-    budget = args.prompts * args.prompt_tokens
-    link = "" if args.bare else f"{args.alpha_us}:{args.beta_gbps}"
-    times: dict[bool, list[float]] = {}
-    for on in (False, True):
-        run_dir = work / ("on" if on else "off")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        run_dir.mkdir(parents=True)
-        command = functools.partial(_bench_command, model_dir, on, work, budget, args.prompt_tokens)
-        server = DsServer(command, run_dir / "server.log", server_env(2, run_dir, link))
-        try:
-            with server:
-                complete_batch(server.port, _bench_prompts(args, -1), 1)  # warm-up
-                times[on] = []
-                for round_index in range(args.repeats):
-                    started = time.perf_counter()
-                    complete_batch(server.port, _bench_prompts(args, round_index), 1)
-                    times[on].append(time.perf_counter() - started)
-            batches = sum(r["dual_stream_batches"] for r in read_reports(run_dir)) // 2
-        except Exception as error:
-            print(f"ds-bench: FAIL {'on' if on else 'off'}: {type(error).__name__}: {error}\n{server.log_tail()}")
-            return 1
-        print(f"ds-bench dual stream {'on' if on else 'off'}: rounds {[round(t, 3) for t in times[on]]} s; "
-              f"{batches} dual-stream batches per rank")  # fmt: skip
-    off, on = min(times[False]), min(times[True])
-    print(f"ds-bench: TP=2, {args.prompts} x {args.prompt_tokens}-token prompts in one batch, link "
-          f"{'bare (gloo as it is)' if args.bare else f'alpha {args.alpha_us} us, beta {args.beta_gbps} GB/s'}: "
-          f"prefill {off * 1e3:.0f} ms off, {on * 1e3:.0f} ms on, on/off {on / off:.3f}")  # fmt: skip
-    return 0
-
-
-def _bench_command(model_dir: Path, on: bool, work: Path, budget: int, prompt_tokens: int, port: int) -> list[str]:
-    return serve_command(model_dir, port, 2, 1, on, None, work / "cache", budget=budget,
-                         length_threshold=prompt_tokens, max_model_len=prompt_tokens + 64)  # fmt: skip
-
-
-def _bench_prompts(args: Any, round_index: int) -> list[list[int]]:
-    return [
-        e2e.prompt_ids(args.prompt_tokens, 1000 * (round_index + 2) + i, TINY_QWEN3["vocab_size"], seed=5)
-        for i in range(args.prompts)
-    ]
-
-
-def add_bench_arguments(parser: Any) -> None:
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per batch (even: two per micro-batch)")
-    parser.add_argument("--prompt-tokens", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per server")
-    parser.add_argument("--alpha-us", type=float, default=20.0, help="emulated link: per-message latency, us")
-    parser.add_argument("--beta-gbps", type=float, default=0.1, help="emulated link: bandwidth, GB/s")
-    parser.add_argument("--bare", action="store_true", help="no emulated link: gloo over loopback as it is")

@@ -35,7 +35,7 @@ from vllm.logger import logger  # the "vllm" logger: vLLM configures it in every
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
 from ..dsbench.link import EmulatedLink, EmulatedLinkBackend, LinkSpec, install_on_group
-from ..twin.stubs import install_npu_stubs
+from ..npu_stubs import install_npu_stubs
 from .ds_env import LINK_ENV, REPORT_DIR_ENV
 from .ds_metadata import CpuAttentionSplitter, install_builder_hook
 

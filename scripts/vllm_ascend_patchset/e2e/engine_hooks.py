@@ -6,7 +6,7 @@ process's entry point) by ``run_engine_core`` below; pickling it by reference ma
 child import this module, and the wrapper installs the hooks before the ``EngineCore``
 is built. The policy comes from ``$CPP_E2E_POLICY``:
 
-- ``ours``: the NPU-only modules stubbed (``twin.stubs``), upstream's
+- ``ours``: the NPU-only modules stubbed (``npu_stubs``), upstream's
   ``patch_balance_schedule`` (the loop our scheduler's hooks run in) and the product's
   ``patch/platform/patch_profiling_chunk.py`` loaded from the assembled tree: the latter
   ends ``EngineCore.__init__`` with ``scheduler.run_profiling_chunk_init(executor)``,
@@ -38,8 +38,9 @@ def install(policy: str) -> None:
     global _installed
     if policy not in ("ours", "upstream") or _installed is not None:
         return
-    from ..twin.policies import assembled_root, pristine_root
-    from ..twin.stubs import install_npu_stubs, load_module_from_tree
+    from ..npu_stubs import install_npu_stubs
+    from ..paths import assembled_root
+    from ..trees import load_module_from_tree, pristine_root
 
     install_npu_stubs()
     _configure_ascend_logging()

@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[2]
+from ..paths import SCRIPTS_DIR
+from ..trees import ASSEMBLED, PRISTINE, tree_root
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,11 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpp", choices=("ours", "upstream", "none"), required=True)
     args = parser.parse_args(argv[:split])
 
-    from ..twin.policies import assembled_root, pristine_root
-
-    tree = pristine_root() if args.cpp == "upstream" else assembled_root()
-    if not (tree / "vllm_ascend" / "__init__.py").exists():
-        raise SystemExit(f"no vllm_ascend under {tree}: run 'make assemble' first")
+    try:
+        tree = tree_root(PRISTINE if args.cpp == "upstream" else ASSEMBLED)
+    except RuntimeError as error:
+        raise SystemExit(str(error)) from None
     path = [str(tree), str(SCRIPTS_DIR), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     sys.path[:0] = [str(tree), str(SCRIPTS_DIR)]

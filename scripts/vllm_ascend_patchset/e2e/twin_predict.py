@@ -18,17 +18,17 @@ from pathlib import Path
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
 from ..twin.workloads import long_prompt
-from . import run
+from . import servers
 
 
 def predict(
     surface: str, stages: int, prompts: list[int], fixed: list[int], chunk: int, policies: set[str]
 ) -> dict[str, dict[int, float]]:
-    wanted = [run.fixed(c) for c in fixed] if "fixed" in policies else []
+    wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
-        wanted.append(run.upstream(chunk))
+        wanted.append(servers.upstream(chunk))
     if "ours" in policies:
-        wanted.append(run.ours(chunk))  # the e2e profiling settings
+        wanted.append(servers.ours(chunk))  # the e2e profiling settings
     cases = [(pol.Setup(surface, stages, long_prompt(tokens)), wanted) for tokens in prompts]
     out: dict[str, dict[int, float]] = {}
     for tokens, results in zip(prompts, pol.run_cases(cases), strict=True):

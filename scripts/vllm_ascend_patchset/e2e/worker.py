@@ -24,8 +24,8 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.outputs import AsyncModelRunnerOutput
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-from ..twin.policies import assembled_root
-from ..twin.stubs import load_module_from_tree
+from ..paths import assembled_root
+from ..trees import load_module_from_tree
 
 TIMING_MODULE = "vllm_ascend.worker.cpp_timing"
 # The product's module, from the assembled tree whichever vllm_ascend is first on the path

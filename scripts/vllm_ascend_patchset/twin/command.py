@@ -20,62 +20,23 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..paths import CPU_SURFACE
 from . import policies as pol
-from .engine import MAX_NUM_SEQS, TINY_MODEL_MAX_POSITIONS
 from .optimum import Optimum, optimum
 from .options import (
     add_workload_arguments,
     build_workloads,
+    check_chunk,
     check_number,
-    parse_tokens,
+    parse_chunks,
+    parse_counts,
+    parse_smooth_factors,
     slo_for,
     tokens_option,
     validate_workload_args,
 )
 from .report import Figures, all_figures, figures_from_result, format_table, run_problems
 from .surface_files import load_surface
-
-CPU_SURFACE = pol.ROOT / "tests" / "data" / "cpu_surface.csv"
-
-
-def parse_counts(text: str, option: str) -> list[int]:
-    """``2,4,8`` -> [2, 4, 8]: whole numbers >= 1."""
-    try:
-        counts = [int(v) for v in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise ValueError(f"{option} {text!r}: give whole numbers >= 1, comma-separated (e.g. 2,4,8)")
-    return counts
-
-
-def check_chunk(tokens: int, option: str) -> int:
-    """A max_num_batched_tokens the twin's vLLM config accepts."""
-    if not MAX_NUM_SEQS <= tokens <= TINY_MODEL_MAX_POSITIONS:
-        raise ValueError(
-            f"{option} {tokens}: a chunk budget must lie in [{MAX_NUM_SEQS}, {TINY_MODEL_MAX_POSITIONS}] tokens"
-            f" (vLLM needs max_num_batched_tokens >= max_num_seqs, {MAX_NUM_SEQS} in the twin)"
-        )
-    return tokens
-
-
-def parse_chunks(text: str, option: str) -> list[int]:
-    """``4k,8192`` -> chunk budgets, each checked by ``check_chunk``."""
-    chunks = [check_chunk(parse_tokens(v, f"{option} item"), option) for v in text.split(",") if v.strip()]
-    if not chunks:
-        raise ValueError(f"{option} {text!r}: give at least one chunk size")
-    return chunks
-
-
-def parse_smooth_factors(text: str, option: str) -> list[float]:
-    """``0.5,1`` -> CPP smooth factors, each in (0, 1]."""
-    try:
-        factors = [float(v) for v in text.split(",")]
-    except ValueError:
-        factors = []
-    if not factors or not all(0 < f <= 1 for f in factors):
-        raise ValueError(f"{option} {text!r}: give numbers in (0, 1], comma-separated (e.g. 0.5,0.75,1)")
-    return factors
 
 
 def _check_writable(path: Path, option: str, *, folder: bool) -> None:

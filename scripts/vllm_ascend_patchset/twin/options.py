@@ -1,4 +1,4 @@
-"""The twin's workload and goodput options: parsing, checks that name the option, and the workloads they give.
+"""The twin's options: parsing, checks that name the option, and the workloads they give.
 
 ``--workload`` takes comma-separated items: ``long:<tokens>``, ``mixed``, and
 ``trace:PATH[@START[:COUNT]]`` (``traces``; COUNT defaults to ``--requests``). Every
@@ -12,7 +12,7 @@ import argparse
 import dataclasses
 import math
 
-from .engine import BLOCK_TOKENS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
+from .engine import BLOCK_TOKENS, MAX_NUM_SEQS, MODEL_LEN_SLACK_TOKENS, TINY_MODEL_MAX_POSITIONS
 from .slo import REFERENCE_TOKENS, Slo, default_slo
 from .surface import Surface
 from .surface_files import load_surface
@@ -48,6 +48,46 @@ def check_number(value: float, option: str, low: float, high: float = math.inf, 
     if not inside:
         interval = f"{'(' if low_open else '['}{low:g}, {'inf)' if high == math.inf else f'{high:g}]'}"
         raise ValueError(f"{option} must be a finite number in {interval}, got {value}")
+
+
+def parse_counts(text: str, option: str) -> list[int]:
+    """``2,4,8`` -> [2, 4, 8]: whole numbers >= 1."""
+    try:
+        counts = [int(v) for v in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"{option} {text!r}: give whole numbers >= 1, comma-separated (e.g. 2,4,8)")
+    return counts
+
+
+def check_chunk(tokens: int, option: str) -> int:
+    """A max_num_batched_tokens the twin's vLLM config accepts."""
+    if not MAX_NUM_SEQS <= tokens <= TINY_MODEL_MAX_POSITIONS:
+        raise ValueError(
+            f"{option} {tokens}: a chunk budget must lie in [{MAX_NUM_SEQS}, {TINY_MODEL_MAX_POSITIONS}] tokens"
+            f" (vLLM needs max_num_batched_tokens >= max_num_seqs, {MAX_NUM_SEQS} in the twin)"
+        )
+    return tokens
+
+
+def parse_chunks(text: str, option: str) -> list[int]:
+    """``4k,8192`` -> chunk budgets, each checked by ``check_chunk``."""
+    chunks = [check_chunk(parse_tokens(v, f"{option} item"), option) for v in text.split(",") if v.strip()]
+    if not chunks:
+        raise ValueError(f"{option} {text!r}: give at least one chunk size")
+    return chunks
+
+
+def parse_smooth_factors(text: str, option: str) -> list[float]:
+    """``0.5,1`` -> CPP smooth factors, each in (0, 1]."""
+    try:
+        factors = [float(v) for v in text.split(",")]
+    except ValueError:
+        factors = []
+    if not factors or not all(0 < f <= 1 for f in factors):
+        raise ValueError(f"{option} {text!r}: give numbers in (0, 1], comma-separated (e.g. 0.5,0.75,1)")
+    return factors
 
 
 def parse_loads(text: str) -> list[float]:

@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..paths import OVERLAY_DIR, PACKAGE, SCRIPTS_DIR, assembled_root
+from ..trees import ASSEMBLED, PRISTINE, tree_root
 from .workloads import Workload
 
-SCRIPTS_DIR = Path(__file__).resolve().parents[2]
-ROOT = SCRIPTS_DIR.parent
-OUR_SCHEDULER = ROOT / "vllm_ascend_overlay" / "core" / "scheduler_profiling_chunk.py"
+OUR_SCHEDULER = OVERLAY_DIR / "core" / "scheduler_profiling_chunk.py"
 
 TWIN_ONLY_KEYS = frozenset({"cache_dir"})  # set by the twin for its own runs, not advice for a server
 FIXED_SWEEP_TOKENS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
@@ -52,7 +52,7 @@ class Policy:
 
     @property
     def tree(self) -> str:
-        return "assembled" if self.kind == "ours" else "pristine"
+        return ASSEMBLED if self.kind == "ours" else PRISTINE
 
 
 def fixed(chunk_tokens: int, name: str | None = None) -> Policy:
@@ -72,29 +72,8 @@ def ours(base_chunk_tokens: int, **options: Any) -> Policy:
 
 def ours_available() -> bool:
     """Our scheduler is in the overlay and the assembled tree carries exactly that file."""
-    assembled = assembled_root() / "vllm_ascend" / "core" / OUR_SCHEDULER.name
+    assembled = assembled_root() / PACKAGE / "core" / OUR_SCHEDULER.name
     return OUR_SCHEDULER.exists() and assembled.exists() and assembled.read_bytes() == OUR_SCHEDULER.read_bytes()
-
-
-def pristine_root() -> Path:
-    from ..assemble import pristine_tree
-    from ..pin import Pin, Target, fetch_wheel
-
-    return pristine_tree(fetch_wheel(Pin.load(), Target.host()))
-
-
-def assembled_root() -> Path:
-    from ..pin import Target
-
-    return ROOT / "build" / os.environ.get("PATCHSET_TARGET", Target.host().name)
-
-
-def _tree_root(tree: str) -> Path:
-    root = pristine_root() if tree == "pristine" else assembled_root()
-    if not (root / "vllm_ascend" / "__init__.py").exists():
-        fix = "run 'make assemble'" if tree == "assembled" else "run 'make assemble' (it unpacks the pinned wheel)"
-        raise RuntimeError(f"no vllm_ascend under {root}: {fix}")
-    return root
 
 
 @dataclass(frozen=True)
@@ -166,7 +145,7 @@ def run_cases(cases: list[tuple[Setup, list[Policy]]], log_dir: Path | None = No
     jobs = {}
     for tree in trees:
         jobs[tree] = {
-            "tree": str(_tree_root(tree)),
+            "tree": str(tree_root(tree)),
             "cases": [setup.case([p for p in policies if p.tree == tree]) for setup, policies in cases],
         }
     with ThreadPoolExecutor(max_workers=len(jobs) or 1) as pool:

@@ -67,7 +67,7 @@ class Figures:
         return goodput(self.request_ttft_ms, self.request_tpot_ms, slo)
 
 
-def _union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+def interval_union(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[list[float]] = []
     for start, end in sorted(intervals):
         if end <= start:
@@ -84,7 +84,7 @@ def _length(intervals: Sequence[tuple[float, float]]) -> float:
 
 
 def overlap_ms(first: Sequence[tuple[float, float]], second: Sequence[tuple[float, float]]) -> float:
-    """Length of the intersection of two unions of intervals, each given sorted and disjoint (``_union``).
+    """Length of the intersection of two unions of intervals, each given sorted and disjoint (``interval_union``).
 
     One pass over both lists, so a run of many batches costs linear time."""
     total, i, j = 0.0, 0, 0
@@ -134,12 +134,12 @@ def compute_figures(
     request_ttft = [None if log.first_token_ms is None else log.first_token_ms - log.arrival_ms for log in requests]
     request_tpot = [_tpot(log) for log in requests]
     ttft = [t for t in request_ttft if t is not None]
-    work = _union([(log.arrival_ms, log.finish_ms) for log in requests if log.finish_ms is not None])
+    work = interval_union([(log.arrival_ms, log.finish_ms) for log in requests if log.finish_ms is not None])
     work_ms = _length(work)
     run = [b for b in batches if b.stage_end_ms]
     bubbles, steady = [], []
     for stage in range(num_stages):
-        busy = _union([(b.stage_start_ms[stage], b.stage_end_ms[stage]) for b in run])
+        busy = interval_union([(b.stage_start_ms[stage], b.stage_end_ms[stage]) for b in run])
         busy_in_work = overlap_ms(busy, work)
         idle = work_ms - busy_in_work
         bubbles.append(idle / work_ms if work_ms > 0 else 0.0)

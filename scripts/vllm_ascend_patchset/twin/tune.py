@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import policies as pol
-from .command import build_workloads, parse_chunks, parse_smooth_factors
+from .options import build_workloads, parse_chunks, parse_smooth_factors
 from .report import figures_from_result
 
 DEFAULT_BASE_CHUNKS = (4096, 6144, 8192, 12288, 16384)
 DEFAULT_SMOOTH_FACTORS = (0.5, 0.75, 1.0)
+Case = tuple[pol.Setup, list[pol.Policy]]  # what run_cases takes: a setup and the policies to run on it
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,23 @@ def tune(
     log_dir=None,
 ) -> TuneResult:
     candidates = grid(kind, default_base, base_chunks, smooth_factors)
-    default = candidates[0]
+    results = pol.run_cases(tune_cases(setups, candidates), log_dir)
+    return tune_result(setups, candidates, results)
+
+
+def tune_cases(
+    setups: Sequence[pol.Setup], candidates: Sequence[Candidate]
+) -> list[tuple[pol.Setup, list[pol.Policy]]]:
+    """Every candidate on every setup: what ``tune`` runs (``run_cases``' argument)."""
     policies = [c.policy() for c in candidates]
-    results = pol.run_cases([(setup, policies) for setup in setups], log_dir)
+    return [(setup, policies) for setup in setups]
+
+
+def tune_result(
+    setups: Sequence[pol.Setup], candidates: Sequence[Candidate], results: Sequence[Sequence[dict]]
+) -> TuneResult:
+    """The scores of ``candidates`` (the default first, as ``grid`` gives them) from the results of ``tune_cases``."""
+    default = candidates[0]
     ttft_ms: dict[str, list[float]] = {c.name: [] for c in candidates}
     for setup, case_results in zip(setups, results, strict=True):
         for candidate, result in zip(candidates, case_results, strict=True):

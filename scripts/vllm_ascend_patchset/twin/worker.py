@@ -20,7 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .stubs import import_vllm, install_npu_stubs, load_module_from_tree, set_cpu_environment
+from ..npu_stubs import import_vllm, install_npu_stubs, set_cpu_environment
+from ..trees import load_module_from_tree
 
 UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop

@@ -1,23 +1,21 @@
 """Stand-ins for NPU-only modules so a vllm_ascend tree imports on a CPU host.
 
-torch_npu cannot load without CANN; the twin only needs vllm_ascend's scheduler code,
-which imports these modules at import time but never calls them. A stand-in is
-installed only for a module that is not importable for real.
-
-Also here, shared with the CPP engine tests: ``import_vllm`` (vLLM's config and
-scheduler modules, with given stand-ins set aside meanwhile) and
-``load_module_from_tree`` (one module of a vllm_ascend tree without its package).
+torch_npu cannot load without CANN; the twin, the e2e engine and the tests only need
+vllm_ascend code that imports these modules at import time but never calls them. A
+stand-in is installed only for a module that is not importable for real. Also here:
+``import_vllm`` (vLLM's config and scheduler modules, with given stand-ins set aside
+meanwhile) and ``set_cpu_environment`` (pure vLLM, no plugin or device auto-load).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import os
 import sys
 import types
 from collections.abc import Iterable
-from pathlib import Path
 from unittest import mock
 
 NPU_ONLY_MODULES = ("torch_npu", "torch_npu._C", "torch_npu.npu", "acl", "mooncake", "mooncake.engine")
@@ -66,19 +64,3 @@ def import_vllm(set_aside: Iterable[str] = ()) -> None:
             importlib.import_module(name)
     finally:
         sys.modules.update(saved)
-
-
-def load_module_from_tree(tree: Path, name: str, *, reuse: bool = True):
-    """Module ``name`` from the vllm_ascend tree ``tree``, without importing its (NPU-only) package siblings.
-
-    With ``reuse`` a module already in ``sys.modules`` is returned as it is; without, the
-    file is loaded again and replaces it.
-    """
-    if reuse and name in sys.modules:
-        return sys.modules[name]
-    path = Path(tree) / (name.replace(".", "/") + ".py")
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module

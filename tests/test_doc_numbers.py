@@ -1,0 +1,288 @@
+"""A number a doc states that the code holds is the code's: each test builds the doc's sentence from the
+code's constants and defaults, and fails when the doc says something else (then fix the doc, or the code).
+
+The config tables are checked the same way by test_config_tables.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import re
+
+import pytest
+from vllm_ascend.core import cpp_acceptance, cpp_calibration, cpp_chunk_rule, cpp_planner, cpp_profiling, cpp_samples
+from vllm_ascend.core.cpp_config import parse_cpp_config
+from vllm_ascend_patchset.e2e import bench as e2e_bench
+from vllm_ascend_patchset.e2e import ds_bench, ds_smoke
+from vllm_ascend_patchset.e2e import run as e2e_run
+from vllm_ascend_patchset.e2e import servers as e2e_servers
+from vllm_ascend_patchset.e2e import smoke as e2e_smoke
+from vllm_ascend_patchset.e2e.model import TINY_QWEN3
+from vllm_ascend_patchset.paths import BENCH_DIR, CPU_SURFACE, DATA_DIR, OVERLAY_DIR, ROOT
+from vllm_ascend_patchset.python_source import class_def, parse_file
+from vllm_ascend_patchset.twin import engine, optimum, slo, stress, surface, workloads
+from vllm_ascend_patchset.twin.command import build_parser as twin_parser
+from vllm_ascend_patchset.twin.policies import ours as ours_policy
+from vllm_ascend_patchset.twin.surface_files import load_surface
+from vllm_ascend_patchset.twin.traces import cached_prefix_tokens, read_trace
+
+WORDS = {1: "once", 2: "two"}  # how the docs write small counts in prose
+SHARES = {0.5: "half"}
+
+
+def says(doc: str, phrase: str) -> None:
+    """``doc`` holds ``phrase`` (white space folded, as docs wrap lines anywhere)."""
+    text = " ".join((ROOT / doc).read_text().split())
+    assert " ".join(phrase.split()) in text, f"{doc} should say: {phrase}"
+
+
+def profile_runs(base_chunk_tokens: int, points: int, repeats: int, history_points: int) -> tuple[int, int, int, int]:
+    """(sizes, history lengths, probe runs, runs) of one profiling round, as ``profile_plan`` makes it."""
+    sizes = len(cpp_profiling.chunk_ladder(base_chunk_tokens, points))
+    lengths = len(cpp_profiling.history_levels(16 * base_chunk_tokens, history_points))
+    plan = cpp_profiling.profile_plan(
+        base_chunk_tokens=base_chunk_tokens,
+        points=points,
+        repeats=repeats,
+        history_points=history_points,
+        max_history_tokens=16 * base_chunk_tokens,
+    )
+    probe = len(plan) // repeats - sizes * lengths
+    return sizes, lengths, probe, len(plan)
+
+
+# ----------------------------------------------------------------------------- docs/cpp.md
+
+
+def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
+    defaults = parse_cpp_config({})
+    points, repeats, history = defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points
+    sizes, lengths, probe, runs = profile_runs(8192, points, repeats, history)
+    ladder = cpp_profiling.chunk_ladder(8192, points)
+    probed = [size for size, _ in cpp_profiling.tile_probe(8192)]
+    on_ladder = [size for size in probed if size in ladder]
+    says(
+        "docs/cpp.md",
+        f"At a base chunk of 8192 and the default settings that is {sizes} sizes x {lengths} lengths + {probe} "
+        f"probe runs (the eighth, {on_ladder[0]} tokens, is on the ladder), in {repeats} passes: {runs} runs after "
+        f"the {cpp_profiling.WARMUP_RUNS} warm-up runs",
+    )
+    assert len(probed) == 8 and len(on_ladder) == 1
+    says("docs/cpp.md", f"runs real forward passes: {WORDS[cpp_profiling.WARMUP_RUNS]} warm-up runs (dropped)")
+    says("docs/cpp.md", f"the 1-1.5-2 ladder: {', '.join(map(str, ladder[:8]))}, ... up to the base chunk")
+    tiles = cpp_acceptance.TILE_CANDIDATES
+    says("docs/cpp.md", f"each candidate tile ({min(tiles)} to {max(tiles)} tokens), without history")
+
+
+def test_the_cpp_docs_thresholds_are_the_codes():
+    a, c = cpp_acceptance, cpp_calibration
+    says("docs/cpp.md", f"measured over at least {SHARES[cpp_profiling.CACHED_HISTORY_COVERAGE]} the history")
+    says(
+        "docs/cpp.md",
+        f"by more than {a.FALL_SIGMAS:g} times the measured scatter between repeats of one point (and more than "
+        f"{a.MIN_FALL:.0%})",
+    )
+    says("docs/cpp.md", f"more than {a.UNSTABLE_LOSS:.0%} slower than the full model's own, the same runs are measured")
+    says("docs/cpp.md", f"are measured {WORDS[cpp_profiling.EXTRA_ROUNDS]} more")
+    says("docs/cpp.md", f"by more than {a.FALL_SIGMAS:g} times the scatter and more than {a.STEP_TOKENS} tokens' worth")
+    says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
+    says("docs/cpp.md", f"whose prefill work is within {cpp_planner.DECODE_WORK_SLACK:.0%} of that of the TTFT-best")
+    refit_every = inspect.signature(c.OnlineCalibration).parameters["refit_every"].default
+    max_shift = inspect.signature(c.OnlineCalibration).parameters["max_shift"].default
+    says("docs/cpp.md", f"Every {refit_every} timed steps, if the model is off by more than {c.CALIBRATED_ERROR:.0%}")
+    says("docs/cpp.md", f"differ in size or history by {c.MIN_WINDOW_SPREAD:g}x or more")
+    says("docs/cpp.md", f"shrunk towards the profile by {WORDS[int(c.PRIOR_WEIGHT)]} steps' worth of trust")
+    assert c.PRIOR_WEIGHT == int(c.PRIOR_WEIGHT)
+    says("docs/cpp.md", f"no point moves by more than {max_shift:.0%}")
+    assert cpp_samples.MIN_LATENCY_MS == 1e-3 and 3600e3 <= cpp_samples.MAX_LATENCY_MS <= 24 * 3600e3
+    says("docs/cpp.md", "a latency outside a microsecond to hours")
+
+
+def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
+    """scripts/bench/cpp_sched_overhead.py: its default decodes, and the long prompt it adds every so many steps."""
+    tree = parse_file(BENCH_DIR / "cpp_sched_overhead.py")
+    source = ast.unparse(tree)
+    decodes = re.search(r"'--decodes', type=int, default=(\d+)", source).group(1)
+    every = re.search(r"if step % (\d+) == 0", source).group(1)
+    length = re.search(r"10000 \* step \+ (\d+)\)\)", source).group(1)
+    says("docs/cpp.md", f"({decodes} decoding requests, a {length}-token prompt every {every} steps)")
+
+
+# ----------------------------------------------------------------------------- docs/cpp-twin.md
+
+
+def test_the_twin_docs_numbers_are_the_codes():
+    says("docs/cpp-twin.md", f"one id per {workloads.TRACE_BLOCK_TOKENS}-token block")
+    says("docs/cpp-twin.md", f"in its own {engine.BLOCK_TOKENS}-token blocks")
+    says("docs/cpp-twin.md", f"`--slo-reference` tokens ({slo.REFERENCE_TOKENS // 1024}k")
+    says("docs/cpp-twin.md", f"TTFT <= {slo.TTFT_FACTOR:g} x the reference prompt's TTFT alone")
+    says("docs/cpp-twin.md", f"an accelerator-like quadratic with a {surface.SYNTHETIC.fixed_ms:g} ms per-step cost")
+    says("docs/cpp-twin.md", f"any chunking of the prompt on a {optimum.GRID_TOKENS}-token grid")
+    rel_tol = inspect.signature(optimum.optimum).parameters["rel_tol"].default
+    says("docs/cpp-twin.md", f"until the result is certified to {rel_tol:.0e}".replace("e-0", "e-"))
+    says("docs/cpp-twin.md", f"sin(2 pi k / {surface.StageTimer.DRIFT_PERIOD_CALLS})")
+    says("docs/cpp-twin.md", f"COUNT to `--requests` ({twin_parser().parse_args([]).requests})")
+    defaults = parse_cpp_config({})
+    *_, runs = profile_runs(8192, defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points)
+    warm_up = cpp_profiling.WARMUP_RUNS
+    says("docs/cpp-twin.md", f"ours: {runs + warm_up} profiling runs; latency model from profiled ({runs} runs after")
+    says("docs/cpp-twin.md", f"({runs} runs after {warm_up} warm-up)")
+    names = sorted(re.findall(r"`stress:([\w-]+)`", (ROOT / "docs/cpp-twin.md").read_text()))
+    assert names == sorted(stress.STRESS_SURFACES)
+    assert cpp_samples.MAX_TOKENS == 2**30
+    says("docs/cpp-twin.md", "whole token counts up to 2^30")
+
+
+def test_the_default_goodput_bounds_the_twin_doc_quotes_are_the_codes():
+    bounds = {
+        name: [slo.default_slo(load_surface(spec), stages, slo.REFERENCE_TOKENS) for stages in (2, 4)]
+        for name, spec in (("synthetic", "synthetic"), ("cpu", str(CPU_SURFACE)))
+    }
+    ttft = {name: [f"{b.ttft_ms / 1000:.2f} s" for b in pair] for name, pair in bounds.items()}
+    tpot = {name: [f"{b.tpot_ms:.0f} ms" for b in pair] for name, pair in bounds.items()}
+    says(
+        "docs/cpp-twin.md",
+        f"On the synthetic surface: {ttft['synthetic'][0]} at P = 2, {ttft['synthetic'][1]} at P = 4; on the CPU "
+        f"surface {ttft['cpu'][0]} and {ttft['cpu'][1]}.",
+    )
+    says(
+        "docs/cpp-twin.md",
+        f"Synthetic: {tpot['synthetic'][0]} (P = 2), {tpot['synthetic'][1]} (P = 4); CPU: {tpot['cpu'][0]}, "
+        f"{tpot['cpu'][1]}.",
+    )
+
+
+def test_the_prefix_hits_of_the_bench_slices_are_what_the_twin_doc_counts():
+    records = read_trace(DATA_DIR / "traces" / "mooncake.jsonl", 96)
+    counted = {}
+    for start in (0, 32, 64):
+        part = records[start : start + 32]
+        hits = cached_prefix_tokens(part, engine.BLOCK_TOKENS)
+        counted[start] = (sum(1 for h in hits if h), sum(hits) / sum(r.input_tokens for r in part))
+    names = {0: "none", 1: "one", 2: "two"}
+    says(
+        "docs/cpp-twin.md",
+        f"`@32:32` has {names[counted[32][0]]} hits ({counted[32][1]:.0%} of its prompt tokens), `@64:32` "
+        f"{names[counted[64][0]]}, `@0:32` {names[counted[0][0]]}.",
+    )
+
+
+def test_the_trace_section_of_make_bench_is_what_the_twin_doc_describes():
+    makefile = (ROOT / "Makefile").read_text()
+    sweep = re.search(r"--sweep ([\d,]+)", makefile).group(1).split(",")
+    loads = re.search(r"--load ([\d.,]+)", makefile).group(1).split(",")
+    stages = re.search(r"--stages ([\d,]+) --sweep", makefile).group(1).split(",")
+    chunk = twin_parser().parse_args([]).chunk
+    says("docs/cpp-twin.md", f"a **shorter sweep, {' and '.join(sweep)}** (and `--chunk`, {chunk})")
+    says("docs/cpp-twin.md", f"loads {', '.join(loads[:-1])} and {loads[-1]}, P = {' and '.join(stages)}")
+
+
+# ----------------------------------------------------------------------------- docs/e2e.md
+
+
+def test_the_e2e_docs_profile_runs_are_what_the_servers_ask_for():
+    chunk = e2e_bench_defaults().chunk
+    profile = e2e_servers.OURS_PROFILE
+    points, repeats, history = profile["profile_points"], profile["profile_repeats"], profile["profile_history_points"]
+    sizes, lengths, probe, runs = profile_runs(chunk, points, repeats, history)
+    defaults = parse_cpp_config({})
+    *_, default_runs = profile_runs(chunk, defaults.profile_points, defaults.profile_repeats, history)
+    says(
+        "docs/e2e.md",
+        f"`profile_points {points}`, `profile_repeats {repeats}`, `profile_history_points {history}`: at the base "
+        f"chunk of {chunk} that is {sizes} sizes x {lengths} lengths + {probe} probe runs in {repeats} passes, "
+        f"{runs} runs after the warm-up (the defaults would make {default_runs})",
+    )
+    smoke_points = e2e_smoke.SMOKE_PROFILE_POINTS
+    ladder = cpp_profiling.chunk_ladder(chunk, smoke_points)
+    *_, smoke_runs = profile_runs(chunk, smoke_points, repeats, history)
+    assert smoke_runs == runs, "the smoke and the bench profile the same runs, as the doc says"
+    says(
+        "docs/e2e.md",
+        f"It passes `profile_points` {smoke_points} where the bench passes {points}; at the base chunk of {chunk} "
+        f"the ladder has {len(ladder)} sizes ({ladder[0]} to {ladder[-1]} tokens), so both make the same {runs} runs",
+    )
+    assert ours_policy(chunk).additional_config["profiling_chunk_config"]["enabled"]
+
+
+def e2e_bench_defaults() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    e2e_bench.add_arguments(parser)
+    return parser.parse_args([])
+
+
+def test_the_e2e_docs_settings_are_the_servers_and_the_benchs():
+    smoke = e2e_run.build_parser().parse_args(["smoke"])
+    context = smoke.prompt_tokens + e2e_smoke.SMOKE_CONTEXT_SLACK
+    says(
+        "docs/e2e.md",
+        f"The smoke serves with `--max-model-len` {context} (its {smoke.prompt_tokens // 1024}k prompt plus "
+        f"{e2e_smoke.SMOKE_CONTEXT_SLACK // 1024}k)",
+    )
+    says("docs/e2e.md", f"Serve a {smoke.prompt_tokens // 1024}k-token prompt")
+    command = e2e_servers.serve_command(e2e_servers.fixed(512), ROOT, 1, ROOT)
+    seqs = command[command.index("--max-num-seqs") + 1]
+    says("docs/e2e.md", f"`--max-num-seqs {seqs}`, `--max-model-len {e2e_servers.MAX_MODEL_LEN}`")
+    says("docs/e2e.md", f"`VLLM_CPU_KVCACHE_SPACE={e2e_servers.server_env()['VLLM_CPU_KVCACHE_SPACE']}` (GiB)")
+    says("docs/e2e.md", f"SIGKILL after {e2e_servers.STOP_GRACE_S:g} s")
+    says(
+        "docs/e2e.md", f"({e2e_servers.READY_TIMEOUT_S:g} s to ready, {e2e_servers.REQUEST_TIMEOUT_S:g} s per request)"
+    )
+    bench = e2e_bench_defaults()
+    says("docs/e2e.md", f"fixed chunks (`--fixed`, default {bench.fixed})")
+    says("docs/e2e.md", f"ours (base chunk `--chunk` {bench.chunk})")
+    first, second = (int(v) for v in bench.prompts.split(","))
+    says("docs/e2e.md", f"(default {first} and {second})")
+
+
+def test_the_e2e_docs_model_is_the_one_made():
+    m = TINY_QWEN3
+    says(
+        "docs/e2e.md",
+        f"a Qwen3 with {m['num_hidden_layers']} layers ({m['num_hidden_layers'] // 2} per stage), hidden size "
+        f"{m['hidden_size']}, {m['num_attention_heads']} query and {m['num_key_value_heads']} KV heads of "
+        f"{m['head_dim']}, vocabulary {m['vocab_size']}",
+    )
+    says("docs/e2e.md", f"`max_position_embeddings` {m['max_position_embeddings']}")
+
+
+def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
+    lens = ds_smoke.PROMPT_LENS
+    count = {4: "Four", 6: "Six", 8: "Eight"}.get(len(lens), str(len(lens)))  # the doc opens a sentence with it
+    says(
+        "docs/e2e.md",
+        f"{count} prompts of {min(lens)} to {max(lens)} tokens go in one request (greedy, "
+        f"{ds_smoke.MAX_TOKENS} tokens each) with a {ds_smoke.BUDGET}-token budget",
+    )
+    says("docs/e2e.md", f"`length_threshold` is {ds_smoke.LENGTH_THRESHOLD}, so which steps split")
+    parser = argparse.ArgumentParser()
+    ds_bench.add_arguments(parser)
+    bench = parser.parse_args([])
+    says(
+        "docs/e2e.md",
+        f"make bench-e2e-ds # TP = 2, {bench.prompts} x {bench.prompt_tokens}-token prompts per batch, "
+        f"{bench.alpha_us:g} us / {bench.beta_gbps:g} GB/s",
+    )
+
+
+# ----------------------------------------------------------------------------- docs/dual-stream.md
+
+
+def test_the_dual_stream_doc_lists_the_four_events_of_the_code():
+    """``EventKind`` in dual_stream/streams.py, read from source (the module imports torch)."""
+    kinds = class_def(parse_file(OVERLAY_DIR / "dual_stream" / "streams.py"), "EventKind")
+    members = [t.id for node in kinds.body if isinstance(node, ast.Assign) for t in node.targets]
+    documented = re.findall(r"^\| `([A-Z_]+)` \|", (ROOT / "docs/dual-stream.md").read_text(), re.M)
+    assert documented == members
+    says("docs/dual-stream.md", f"{['One', 'Two', 'Three', 'Four'][len(members) - 1]} events per layer and micro-batch")
+
+
+@pytest.mark.parametrize("doc", ["docs/cpp.md", "docs/cpp-twin.md", "docs/e2e.md", "docs/dual-stream.md"])
+def test_says_finds_a_phrase_across_a_line_break_and_nothing_else(doc):
+    text = (ROOT / doc).read_text()
+    first_line = next(line for line in text.splitlines() if len(line.split()) > 4)
+    says(doc, first_line.replace(" ", "\n  ", 1))
+    with pytest.raises(AssertionError, match="should say"):
+        says(doc, first_line + " and a sentence no doc holds")

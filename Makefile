@@ -13,8 +13,9 @@ PYTEST_ARGS ?=
 E2E_VENV ?= .cache/e2e/venv
 BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
+BENCH_E2E_DS_ARGS ?=
 
-.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e clean
+.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -82,8 +83,12 @@ bench-ds: venv assemble  ## dual stream against single stream on the CPU, TP=2, 
 e2e-env:          ## vLLM 0.23.0's CPU engine in $(E2E_VENV), apart from .venv (docs/e2e.md)
 	E2E_VENV=$(abspath $(E2E_VENV)) PYTHON=$(PYTHON) bash scripts/setup_e2e_env.sh
 
-e2e: e2e-env assemble  ## smoke: ours on the CPU engine at PP=2 profiles, serves a long prompt, restarts from its cache
+e2e: e2e-env assemble  ## smokes: CPP at PP=2 (profile, serve, restart from its cache); dual stream at TP=2 and, with CPP, PP=2 x TP=2
 	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run smoke
+	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run ds-smoke
+
+bench-e2e-ds: e2e-env assemble  ## real CPU engine, TP=2: prefill time with dual stream on / off over an emulated link
+	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run ds-bench $(BENCH_E2E_DS_ARGS)
 
 bench-e2e: venv e2e-env assemble  ## real CPU engine: fixed chunks, upstream's CPP, ours, and the twin's prediction
 	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run bench \

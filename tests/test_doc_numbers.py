@@ -23,6 +23,7 @@ from vllm_ascend.core import (
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
 from vllm_ascend_patchset.e2e import bench as e2e_bench
+from vllm_ascend_patchset.e2e import ds_bench, ds_smoke
 from vllm_ascend_patchset.e2e import run as e2e_run
 from vllm_ascend_patchset.e2e import servers as e2e_servers
 from vllm_ascend_patchset.e2e import smoke as e2e_smoke
@@ -262,6 +263,25 @@ def test_the_e2e_docs_model_is_the_one_made():
         f"{m['head_dim']}, vocabulary {m['vocab_size']}",
     )
     says("docs/e2e.md", f"`max_position_embeddings` {m['max_position_embeddings']}")
+
+
+def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
+    lens = ds_smoke.PROMPT_LENS
+    count = {4: "Four", 6: "Six", 8: "Eight"}.get(len(lens), str(len(lens)))  # the doc opens a sentence with it
+    says(
+        "docs/e2e.md",
+        f"{count} prompts of {min(lens)} to {max(lens)} tokens go in one request (greedy, "
+        f"{ds_smoke.MAX_TOKENS} tokens each) with a {ds_smoke.BUDGET}-token budget",
+    )
+    says("docs/e2e.md", f"`length_threshold` is {ds_smoke.LENGTH_THRESHOLD}, so which steps split")
+    parser = argparse.ArgumentParser()
+    ds_bench.add_arguments(parser)
+    bench = parser.parse_args([])
+    says(
+        "docs/e2e.md",
+        f"make bench-e2e-ds # TP = 2, {bench.prompts} x {bench.prompt_tokens}-token prompts per batch, "
+        f"{bench.alpha_us:g} us / {bench.beta_gbps:g} GB/s",
+    )
 
 
 # ----------------------------------------------------------------------------- docs/dual-stream.md

@@ -10,10 +10,12 @@ from vllm_ascend.dual_stream import config as config_module
 from vllm_ascend.dual_stream.config import DualStreamConfig, validate_dual_stream_config
 
 
-def deployment(raw=None, tp=2, pp=1, max_batched=8192, **ascend):
+def deployment(raw=None, tp=2, pp=1, max_batched=8192, dbo=False, ubatch_size=0, **ascend):
     vllm_config = SimpleNamespace(
         additional_config={} if raw is None else {"dual_stream_config": raw},
-        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=pp),
+        parallel_config=SimpleNamespace(
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, enable_dbo=dbo, ubatch_size=ubatch_size
+        ),
         scheduler_config=SimpleNamespace(max_num_batched_tokens=max_batched),
         kv_transfer_config=None,
         lora_config=None,
@@ -129,9 +131,30 @@ def test_a_length_threshold_no_batch_can_meet_is_refused(value):
     assert validate({"enabled": True, "length_threshold": 4096}, max_batched=8192).length_threshold == 4096
 
 
-def test_pipeline_parallel():
-    with pytest.raises(ValueError, match=r"requires pipeline_parallel_size == 1, got 2.*--pipeline-parallel-size 1"):
-        validate({"enabled": True}, pp=2)
+def test_pipeline_parallel_is_allowed_alone_and_with_cpp():
+    """PP x TP: every stage runs its layers dual-stream; CPP's section beside it changes nothing here."""
+    config = validate({"enabled": True}, pp=2)
+    assert config.enabled
+    _, vllm_config = deployment({"enabled": True}, pp=4)
+    vllm_config.additional_config["profiling_chunk_config"] = {"enabled": True}
+    ascend, _ = deployment()
+    assert validate_dual_stream_config(ascend, vllm_config).enabled
+
+
+@pytest.mark.parametrize("change", [dict(dbo=True), dict(ubatch_size=2)])
+def test_vllm_micro_batching_is_refused(change):
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True}, pp=2, **change)
+    message = str(info.value)
+    assert "cannot be combined with vLLM's micro-batching (--enable-dbo" in message
+    assert "serve without it or disable dual_stream_config" in message
+
+
+def test_a_micro_batching_flag_missing_from_vllm_stops_start_up():
+    ascend, vllm_config = deployment({"enabled": True})
+    del vllm_config.parallel_config.enable_dbo
+    with pytest.raises(RuntimeError, match=r"has no enable_dbo"):
+        validate_dual_stream_config(ascend, vllm_config)
 
 
 @pytest.mark.parametrize(
@@ -193,12 +216,12 @@ def test_kv_transfer_connector():
 def test_every_problem_of_the_deployment_is_reported():
     with pytest.raises(ValueError) as info:
         validate(
-            {"enabled": True, "length_threshold": 5000}, pp=2, enable_flashcomm1=True, enable_matmul_allreduce=True
+            {"enabled": True, "length_threshold": 5000}, dbo=True, enable_flashcomm1=True, enable_matmul_allreduce=True
         )
     lines = str(info.value).splitlines()
     assert lines[0] == "dual_stream_config: 4 problems:"
     for part in (
-        "pipeline_parallel_size == 1",
+        "--enable-dbo",
         "length_threshold=5000",
         "enable_flashcomm1",
         "enable_matmul_allreduce",

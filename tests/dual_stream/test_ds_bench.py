@@ -125,21 +125,21 @@ def test_the_bench_attention_equals_the_tests_reference_attention_on_a_mixed_bat
     """Decodes, a chunk over cached history and fresh prompts, through the paged cache of both kernels."""
     import vllm.forward_context
 
-    from dual_stream import tp_worker
+    from dual_stream import rank_model
     from dual_stream.batches import Request, build_batch
 
-    block = tp_worker.BLOCK_SIZE
+    block = rank_model.BLOCK_SIZE
     monkeypatch.setattr(PagedSdpaAttention, "block_size", block)
     requests = [Request(9, 1), Request(20, 1), Request(13, 7), Request(0, 12), Request(0, 5)]
-    metadata, _positions = build_batch(requests, block, tp_worker.NUM_BLOCKS, seed=1)
+    metadata, _positions = build_batch(requests, block, rank_model.NUM_BLOCKS, seed=1)
     tokens, heads, kv_heads, dim = 26, 4, 2, 8
     gen = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(tokens, h * dim, generator=gen) for h in (heads, kv_heads, kv_heads))
-    history = torch.randn(2, tp_worker.NUM_BLOCKS, block, kv_heads, dim, generator=gen)
+    history = torch.randn(2, rank_model.NUM_BLOCKS, block, kv_heads, dim, generator=gen)
     ctx = SimpleNamespace(attn_metadata={"l0": metadata}, slot_mapping={"l0": metadata.slot_mapping})
     monkeypatch.setattr(vllm.forward_context, "get_forward_context", lambda: ctx)
     outputs = []
-    for kind in (PagedSdpaAttention, tp_worker.ReferenceAttention):
+    for kind in (PagedSdpaAttention, rank_model.ReferenceAttention):
         attention = kind(heads, dim, dim**-0.5, kv_heads, prefix="l0")
         attention.kv_cache = history.clone()
         outputs.append((attention(query, key, value), attention.kv_cache))

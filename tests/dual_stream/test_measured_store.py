@@ -139,3 +139,11 @@ def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
         save(path, key=KEY, probes=PROBES[:1])
     monkeypatch.undo()
     assert _load(path) == PROBES and [p.name for p in tmp_path.iterdir()] == ["probes.json"]
+
+
+def test_each_pipeline_stage_keeps_its_own_probes():
+    """Under PP > 1 a stage measures its own layers: its key, and so its file, differ from the other stage's."""
+    rules = dict(split_strategy="token_balanced", balance_threshold=1.0, classes=CLASSES, repeats=2)
+    stage0, stage1 = (fingerprint(DEPLOYMENT, stage=s, **rules) for s in (0, 1))
+    assert len({json.dumps(k, sort_keys=True) for k in (KEY, stage0, stage1)}) == 3
+    assert stage0["dual_stream"]["pipeline_stage"] == 0 and "pipeline_stage" not in KEY["dual_stream"]

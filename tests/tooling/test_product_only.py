@@ -28,6 +28,8 @@ TEST_ONLY_NAMES = (
     "FakeAscendMetadata",
     "dsbench",
     "dual_stream_strict",
+    "CpuAttentionSplitter",
+    "DsCpuWorker",
 )
 BENCH = SCRIPTS_DIR / "vllm_ascend_patchset" / "dsbench"
 

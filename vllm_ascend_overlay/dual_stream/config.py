@@ -13,13 +13,18 @@ Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``Valu
 naming the key and the fix. Features that replace the row-parallel all-reduce path
 (flashcomm1 / sequence parallelism, matmul-allreduce, flashcomm2, fine-grained MLP or
 o_proj TP) take the all-reduce away from the point where dual stream moves it to the
-communication stream, so they cannot be combined with it; neither can pipeline
-parallelism (the dual-stream forward runs the whole layer stack in one stage), MLP
-weight prefetch (it advances a per-layer counter once per layer call, and dual stream
+communication stream, so they cannot be combined with it; neither can vLLM's own
+micro-batching (dual-batch overlap cuts the batch itself and hands the model a list of
+metadata), MLP weight prefetch (it advances a per-layer counter once per layer call, and dual stream
 calls each layer once per micro-batch), LoRA (its token-to-adapter mapping covers the
 whole batch) nor a KV transfer connector (it loads and saves KV once per attention
 call). With TP = 1 there is no all-reduce to hide: one warning, and the feature stays
 inert.
+
+Pipeline parallelism is allowed: each stage runs its own layers dual-stream (the first
+embeds, a later one cuts the hidden states and residual it receives, the last joins and
+normalises) and decides on its own batch, the same on every TP rank of the stage. It
+combines with CPP (``profiling_chunk_config``), which sizes the chunks every stage runs.
 """
 
 from __future__ import annotations
@@ -192,10 +197,11 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
         return config
     problems = []
     parallel = vllm_config.parallel_config
-    if parallel.pipeline_parallel_size > 1:
+    if _read_flag(parallel, "enable_dbo") or _read_flag(parallel, "ubatch_size") > 1:
         problems.append(
-            f"{CONFIG_KEY}.enabled requires pipeline_parallel_size == 1, got "
-            f"{parallel.pipeline_parallel_size}. Set --pipeline-parallel-size 1 or disable {CONFIG_KEY}."
+            f"{CONFIG_KEY}.enabled cannot be combined with vLLM's micro-batching (--enable-dbo or "
+            "parallel_config.ubatch_size > 1): it cuts every batch into micro-batches of its own, and the "
+            f"model then receives one metadata per micro-batch. Either serve without it or disable {CONFIG_KEY}."
         )
     budget = vllm_config.scheduler_config.max_num_batched_tokens
     if config.length_threshold is not None and 2 * config.length_threshold > budget:

@@ -29,8 +29,12 @@ from vllm_ascend.dual_stream.measured import MeasuredGate, MeasuredMode, Probe, 
 logger = init_logger(__name__)
 
 
-def start(config: DualStreamConfig, vllm_config: Any, group: Any) -> MeasuredMode:
-    """The measured gate of this model, the cached probes adopted on every rank alike."""
+def start(config: DualStreamConfig, vllm_config: Any, group: Any, stage: int | None = None) -> MeasuredMode:
+    """The measured gate of this model, the cached probes adopted on every rank alike.
+
+    ``group`` is the TP group of this rank's pipeline stage; ``stage`` its index under PP > 1
+    (each stage measures its own layers and keeps its own cache file), else None.
+    """
     classes = size_classes(vllm_config.scheduler_config.max_num_batched_tokens)
     first = group.rank_in_group == 0
     path, key, probes = None, None, []
@@ -41,6 +45,7 @@ def start(config: DualStreamConfig, vllm_config: Any, group: Any) -> MeasuredMod
             balance_threshold=config.balance_threshold,
             classes=classes,
             repeats=config.measure_repeats,
+            stage=stage,
         )
         path = measured_store.cache_file(config.cache_path, key)
         if first:

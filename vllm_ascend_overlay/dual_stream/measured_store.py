@@ -34,17 +34,21 @@ class MeasuredCacheError(ValueError):
 
 
 def fingerprint(deployment: Mapping, *, split_strategy: str, balance_threshold: float,
-                classes: Sequence[int], repeats: int) -> dict:  # fmt: skip
-    """``deployment`` (``cpp_profile_store.fingerprint_for``) plus what the dual-stream decision depends on."""
-    return {
-        **json.loads(json.dumps(dict(deployment), sort_keys=True)),
-        "dual_stream": {
-            "split_strategy": str(split_strategy),
-            "balance_threshold": float(balance_threshold),
-            "size_classes": [int(c) for c in classes],
-            "probes_per_class": int(repeats),
-        },
+                classes: Sequence[int], repeats: int, stage: int | None = None) -> dict:  # fmt: skip
+    """``deployment`` (``cpp_profile_store.fingerprint_for``) plus what the dual-stream decision depends on.
+
+    ``stage``: the pipeline stage under PP > 1 (its layers and its share of the time are its
+    own, so each stage measures and keeps its probes apart); None without PP.
+    """
+    rules = {
+        "split_strategy": str(split_strategy),
+        "balance_threshold": float(balance_threshold),
+        "size_classes": [int(c) for c in classes],
+        "probes_per_class": int(repeats),
     }
+    if stage is not None:
+        rules["pipeline_stage"] = int(stage)
+    return {**json.loads(json.dumps(dict(deployment), sort_keys=True)), "dual_stream": rules}
 
 
 def deployment_fingerprint(vllm_config: Any) -> dict:

@@ -4,7 +4,10 @@
 loading, same forward for every batch that does not qualify (``dual_stream.gate``) and
 for every batch when ``dual_stream_config.enabled`` is false. A qualifying batch is
 embedded, cut into two micro-batches, run through the layers eagerly with the
-dual-stream schedule (``dual_stream.schedule``), merged and normalised.
+dual-stream schedule (``dual_stream.schedule``), merged and normalised. Under pipeline
+parallelism each stage does its part of that: the first embeds and hands hidden states
+and residual on, joined; a later stage cuts what it receives; the last normalises. Each
+stage decides on its own (its TP ranks alike), its collectives stay inside its TP group.
 
 With ``length_threshold`` unset the gate is measured (``dual_stream.measured``): a batch
 of a size class not measured yet is a probe, run both ways and timed, and from then on
@@ -43,10 +46,10 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.sequence import IntermediateTensors
 from vllm_ascend.dual_stream import measured_group
 from vllm_ascend.dual_stream.config import CONFIG_KEY, DualStreamConfig
-from vllm_ascend.dual_stream.gate import decide
+from vllm_ascend.dual_stream.gate import ASCEND_METADATA, MetadataSplitter, decide
 from vllm_ascend.dual_stream.measured import MeasuredMode, ProbeRun
 from vllm_ascend.dual_stream.schedule import MicroBatch, run_layers
-from vllm_ascend.dual_stream.split import SplitPoint, split_metadata_by_layer, split_tokens
+from vllm_ascend.dual_stream.split import SplitPoint, split_tokens
 from vllm_ascend.dual_stream.streams import NpuStreamBackend, StreamBackend
 
 logger = init_logger(__name__)
@@ -135,14 +138,22 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self.dual_stream_config = load_dual_stream_config(vllm_config)
         # Built on first use (NPU streams need the device); CPU tests assign their own.
         self.dual_stream_backend: StreamBackend | None = None
+        # How the attention metadata is read and cut: vllm-ascend's; the CPU engine's tests assign theirs.
+        self.dual_stream_splitter: MetadataSplitter = ASCEND_METADATA
         self.dual_stream_batches = 0  # forwards that took the dual-stream path (probes included)
-        self.dual_stream_last_reason = ""
+        self.dual_stream_last_reason = ""  # the gate's reason for the last batch ("split" when it split)
+        self.dual_stream_last_point: SplitPoint | None = None  # and its split point
         self.dual_stream_measured: MeasuredMode | None = None  # the measured gate, from the first split batch
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
+    @property
+    def dual_stream_active(self) -> bool:
+        """Dual stream is on for this model: enabled, supported here, and not turned off by a fault."""
+        return self._dual_stream_on
+
     def _supports_dual_stream(self) -> bool:
-        if get_pp_group().world_size > 1 or self.vllm_config.lora_config is not None:
-            logger.warning("[DualStream] pipeline parallelism or LoRA is on; %s stays off.", CONFIG_KEY)
+        if self.vllm_config.lora_config is not None:
+            logger.warning("[DualStream] LoRA is on; %s stays off.", CONFIG_KEY)
             return False
         for module in _row_parallel_layers(self._local_layers()):
             if getattr(module, "custom_op", None) is not None or not hasattr(module, "reduce_results"):
@@ -166,7 +177,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor | IntermediateTensors:
         point, route = None, "single"
-        if self._dual_stream_on and intermediate_tensors is None and not self.model.aux_hidden_state_layers:
+        if self._dual_stream_on and not self.model.aux_hidden_state_layers:
             try:
                 point = self._split_point(positions)
                 route = "dual" if point is not None else "single"
@@ -178,15 +189,19 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         # From here on a fault of a forward propagates (module docstring): collectives are about to be issued.
         if route == "probe":
-            return self._probe(point, input_ids, positions, inputs_embeds)
-        return self._forward_dual_stream(point, input_ids, positions, inputs_embeds)
+            return self._probe(point, input_ids, positions, intermediate_tensors, inputs_embeds)
+        return self._forward_dual_stream(point, input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def _measured_route(self, point: SplitPoint) -> str:
         """The measured gate's call for a split batch; starts the gate (collectives) on first use."""
         if self.dual_stream_measured is None:
             try:
+                pp_group = get_pp_group()
                 self.dual_stream_measured = measured_group.start(
-                    self.dual_stream_config, self.vllm_config, get_tp_group()
+                    self.dual_stream_config,
+                    self.vllm_config,
+                    get_tp_group(),
+                    stage=pp_group.rank_in_group if pp_group.world_size > 1 else None,
                 )
             except Exception:
                 self._fall_back("starting the measured gate failed")
@@ -202,12 +217,16 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             self.dual_stream_last_reason = "measured gate: probe"
         return route
 
-    def _probe(self, point, input_ids, positions, inputs_embeds) -> torch.Tensor:
+    def _probe(self, point, input_ids, positions, intermediate_tensors, inputs_embeds):
         """One batch single- and dual-stream, timed; the measured gate keeps the agreed timings."""
         mode = self.dual_stream_measured
         run = ProbeRun(
-            run_single=lambda: Qwen3ForCausalLM.forward(self, input_ids, positions, None, inputs_embeds),
-            run_dual=lambda: self._forward_dual_stream(point, input_ids, positions, inputs_embeds),
+            run_single=lambda: Qwen3ForCausalLM.forward(
+                self, input_ids, positions, intermediate_tensors, inputs_embeds
+            ),
+            run_dual=lambda: self._forward_dual_stream(
+                point, input_ids, positions, intermediate_tensors, inputs_embeds
+            ),
             synchronize=self._backend().synchronize,
             agree=measured_group.agree(get_tp_group()),
         )
@@ -221,6 +240,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def _split_point(self, positions: torch.Tensor) -> SplitPoint | None:
         """The gate's decision for this batch; issues no collective and no device work."""
+        self.dual_stream_last_point = None
         try:
             ctx = get_forward_context()
         except AssertionError:
@@ -235,8 +255,9 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             int(positions.shape[-1]),
             get_tensor_model_parallel_world_size(),
             eager,
+            self.dual_stream_splitter,
         )
-        self.dual_stream_last_reason = decision.reason
+        self.dual_stream_last_reason, self.dual_stream_last_point = decision.reason, decision.point
         return decision.point
 
     def _backend(self) -> StreamBackend:
@@ -253,15 +274,27 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         point: SplitPoint,
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
+        intermediate_tensors: IntermediateTensors | None,
         inputs_embeds: torch.Tensor | None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | IntermediateTensors:
+        """This stage's layers over two micro-batches: what ``Qwen2Model.forward`` does, per stage.
+
+        The first stage embeds; a later one cuts the hidden states and residual it received.
+        A stage before the last hands both on, joined; the last normalises and joins.
+        """
         ctx = get_forward_context()
-        metadata = split_metadata_by_layer(ctx.attn_metadata, point)
+        metadata = self.dual_stream_splitter.split(ctx.attn_metadata, point)
         slots = split_slot_mapping(ctx.slot_mapping, point)
-        hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
+        pp_group = get_pp_group()
+        if pp_group.is_first_rank:
+            hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)
+            residual = None
+        else:
+            hidden_states, residual = intermediate_tensors["hidden_states"], intermediate_tensors["residual"]
         position_halves = split_tokens(positions, point, dim=-1)
         hidden_halves = split_tokens(hidden_states, point)
-        micro_batches = [MicroBatch(position_halves[i], hidden_halves[i], None) for i in range(2)]
+        residual_halves = split_tokens(residual, point)
+        micro_batches = [MicroBatch(position_halves[i], hidden_halves[i], residual_halves[i]) for i in range(2)]
         layers = self._local_layers()
         with row_parallel_reduce_deferred(layers):
             run_layers(
@@ -271,8 +304,14 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 self._backend(),
                 lambda i: micro_batch_context(ctx, metadata, slots, i),
             )
+        self.dual_stream_batches += 1
+        if not pp_group.is_last_rank:
+            return IntermediateTensors(
+                {
+                    "hidden_states": torch.cat([mb.hidden_states for mb in micro_batches]),
+                    "residual": torch.cat([mb.residual for mb in micro_batches]),
+                }
+            )
         # The final norm works row by row: normalise each micro-batch, then one concatenation
         # (instead of concatenating hidden states and residual first, twice the copying).
-        hidden_states = torch.cat([self.model.norm(mb.hidden_states, mb.residual)[0] for mb in micro_batches])
-        self.dual_stream_batches += 1
-        return hidden_states
+        return torch.cat([self.model.norm(mb.hidden_states, mb.residual)[0] for mb in micro_batches])

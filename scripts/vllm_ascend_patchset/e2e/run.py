@@ -1,12 +1,14 @@
-"""End-to-end CPP on the CPU engine, the command line (docs/e2e.md).
+"""End-to-end CPP and dual stream on the CPU engine, the command line (docs/e2e.md).
 
-    python -m vllm_ascend_patchset.e2e.run smoke    # CI: ours profiles, serves, restarts from the cache
-    python -m vllm_ascend_patchset.e2e.run uneven   # uneven stages: timed steps report the slowest stage
-    python -m vllm_ascend_patchset.e2e.run bench    # fixed chunks, upstream's CPP and ours, side by side
+    python -m vllm_ascend_patchset.e2e.run smoke     # CI: ours profiles, serves, restarts from the cache
+    python -m vllm_ascend_patchset.e2e.run uneven    # uneven stages: timed steps report the slowest stage
+    python -m vllm_ascend_patchset.e2e.run bench     # fixed chunks, upstream's CPP and ours, side by side
+    python -m vllm_ascend_patchset.e2e.run ds-smoke  # CI: dual stream at TP=2 and, with CPP, PP=2 x TP=2
+    python -m vllm_ascend_patchset.e2e.run ds-bench  # dual stream's prefill time on / off at TP=2
 
 Run with the e2e environment's Python (scripts/setup_e2e_env.sh). The checks live in
-``smoke`` (smoke, uneven) and ``bench``, the servers they start in ``servers``. A failure
-prints the tail of the server's log.
+``smoke`` (smoke, uneven), ``bench``, ``ds_smoke`` and ``ds_bench``, the servers they
+start in ``servers``. A failure prints the tail of the server's log.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, smoke
+from . import bench, ds_bench, ds_smoke, smoke
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_uneven.add_argument("--layers", default="3,1", help="layers per stage (VLLM_PP_LAYER_PARTITION)")
     p_uneven.add_argument("--chunk", type=int, default=2048)
     p_uneven.add_argument("--prompt-tokens", type=int, default=16384)
+    p_ds = sub.add_parser("ds-smoke", help="dual stream at TP=2 and, with CPP, at PP=2 x TP=2: outputs, counters")
+    p_ds.add_argument("--cases", default="tp2,pp2-tp2", help="comma-separated: " + ", ".join(ds_smoke.CASES))
+    p_ds_bench = sub.add_parser("ds-bench", help="dual stream's prefill time on / off at TP=2 over an emulated link")
+    ds_bench.add_arguments(p_ds_bench)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     bench.add_arguments(p_bench)
     return parser
@@ -38,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
         return smoke.smoke(args)
     if args.command == "uneven":
         return smoke.uneven_stages(args)
+    if args.command == "ds-smoke":
+        return ds_smoke.smoke([c.strip() for c in args.cases.split(",") if c.strip()])
+    if args.command == "ds-bench":
+        return ds_bench.run(args)
     return bench.run(args)
 
 

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,23 +102,19 @@ def server_env() -> dict[str, str]:
     return env
 
 
-class Server:
-    """One ``vllm serve`` process group with its log; a context manager that always stops it."""
+class ServerProcess:
+    """One server process group with its log; a context manager that always stops it.
+
+    ``command_for_port`` gives the command line for the free port picked here.
+    """
 
     def __init__(
-        self,
-        policy: Policy,
-        model_dir: Path,
-        log_path: Path,
-        profile_dir: Path,
-        extra_env: dict | None = None,
-        max_model_len: int = MAX_MODEL_LEN,
+        self, command_for_port: Callable[[int], list[str]], log_path: Path, extra_env: dict | None = None
     ) -> None:
-        self.policy = policy
         self.extra_env = extra_env or {}
         self.port = free_port()
         self.log_path = log_path
-        self.command = serve_command(policy, model_dir, self.port, profile_dir, max_model_len)
+        self.command = command_for_port(self.port)
         self.proc: subprocess.Popen | None = None
         self._shm_before: set[str] = set()
         self.leftovers: list[str] = []
@@ -171,6 +168,24 @@ class Server:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
+
+
+class Server(ServerProcess):
+    """``vllm serve`` for one of the twin's policies (``serve_command``): CPU engine, PP = 2."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        model_dir: Path,
+        log_path: Path,
+        profile_dir: Path,
+        extra_env: dict | None = None,
+        max_model_len: int = MAX_MODEL_LEN,
+    ) -> None:
+        super().__init__(
+            lambda port: serve_command(policy, model_dir, port, profile_dir, max_model_len), log_path, extra_env
+        )
+        self.policy = policy
 
 
 def _group_alive(pgid: int) -> bool:

@@ -65,9 +65,16 @@ def free_port() -> int:
 
 
 def serve_command(
-    policy: Policy, model_dir: Path, port: int, profile_dir: Path, max_model_len: int = MAX_MODEL_LEN
+    policy: Policy,
+    model_dir: Path,
+    port: int,
+    profile_dir: Path,
+    max_model_len: int = MAX_MODEL_LEN,
+    extra_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
+    """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only.
+
+    ``extra_args`` come last, so a later ``--max-num-seqs`` (say) replaces the default above it."""
     cpp = {"fixed": "none"}.get(policy.kind, policy.kind)
     command = [sys.executable, "-m", "vllm_ascend_patchset.e2e.serve", "--cpp", cpp, "--", str(model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
@@ -82,7 +89,7 @@ def serve_command(
             config["cache_dir"] = str(profile_dir)  # the twin's runs keep none; a server keeps its profile
         command += ["--scheduler-cls", OURS_SCHEDULER, "--worker-extension-cls", WORKER_EXTENSION]
         command += ["--additional-config", json.dumps({"profiling_chunk_config": config})]
-    return command
+    return command + list(extra_args)
 
 
 def server_env() -> dict[str, str]:
@@ -112,12 +119,13 @@ class Server:
         profile_dir: Path,
         extra_env: dict | None = None,
         max_model_len: int = MAX_MODEL_LEN,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.policy = policy
         self.extra_env = extra_env or {}
         self.port = free_port()
         self.log_path = log_path
-        self.command = serve_command(policy, model_dir, self.port, profile_dir, max_model_len)
+        self.command = serve_command(policy, model_dir, self.port, profile_dir, max_model_len, extra_args)
         self.proc: subprocess.Popen | None = None
         self._shm_before: set[str] = set()
         self.leftovers: list[str] = []
@@ -196,8 +204,9 @@ def prompt_ids(length: int, index: int, vocab_size: int, seed: int = 0) -> list[
     return [rng.randrange(3, vocab_size) for _ in range(length)]
 
 
-def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:
-    """One streamed completion: TTFT and TPOT in seconds, as the client sees them."""
+def stream_token_times(port: int, token_ids: list[int], max_tokens: int) -> list[float]:
+    """One streamed completion of exactly ``max_tokens`` tokens: the time of each streamed token, in seconds
+    from the moment the request is sent, as the client sees it."""
     body = json.dumps(
         {"model": "tiny-qwen3", "prompt": token_ids, "max_tokens": max_tokens, "min_tokens": max_tokens,
          "ignore_eos": True, "stream": True, "temperature": 0.0}
@@ -220,6 +229,12 @@ def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, floa
         conn.close()
     if not token_times:
         raise RuntimeError("completion returned no tokens")
+    return token_times
+
+
+def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:
+    """One streamed completion: TTFT and TPOT in seconds, as the client sees them."""
+    token_times = stream_token_times(port, token_ids, max_tokens)
     tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else 0.0
     return {"ttft_s": token_times[0], "tpot_s": tpot, "tokens": len(token_times)}
 

@@ -3,6 +3,7 @@
     python -m vllm_ascend_patchset.e2e.run smoke    # CI: ours profiles, serves, restarts from the cache
     python -m vllm_ascend_patchset.e2e.run uneven   # uneven stages: timed steps report the slowest stage
     python -m vllm_ascend_patchset.e2e.run bench    # fixed chunks, upstream's CPP and ours, side by side
+    python -m vllm_ascend_patchset.e2e.run bench --trace PATH@START:COUNT   # a replayed trace slice (trace_replay)
 
 Run with the e2e environment's Python (scripts/setup_e2e_env.sh). The checks live in
 ``smoke`` (smoke, uneven) and ``bench``, the servers they start in ``servers``. A failure
@@ -14,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, smoke
+from . import bench, smoke, trace_replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_uneven.add_argument("--prompt-tokens", type=int, default=16384)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     bench.add_arguments(p_bench)
+    trace_replay.add_arguments(p_bench)
     return parser
 
 
@@ -38,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         return smoke.smoke(args)
     if args.command == "uneven":
         return smoke.uneven_stages(args)
+    if args.trace:
+        return trace_replay.run(args)
     return bench.run(args)
 
 

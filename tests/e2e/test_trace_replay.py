@@ -12,7 +12,7 @@ import math
 
 import pytest
 from vllm_ascend_patchset.e2e import run as e2e_run
-from vllm_ascend_patchset.e2e import servers, trace_replay
+from vllm_ascend_patchset.e2e import servers, trace_replay, twin_predict
 from vllm_ascend_patchset.e2e import trace_figures as tf
 from vllm_ascend_patchset.e2e.model import TINY_QWEN3
 from vllm_ascend_patchset.paths import DATA_DIR
@@ -20,7 +20,7 @@ from vllm_ascend_patchset.twin import engine
 from vllm_ascend_patchset.twin.command import build_parser as twin_parser
 from vllm_ascend_patchset.twin.options import build_workloads
 from vllm_ascend_patchset.twin.slo import Slo
-from vllm_ascend_patchset.twin.workloads import TRACE_BLOCK_TOKENS, RequestSpec
+from vllm_ascend_patchset.twin.workloads import TRACE_BLOCK_TOKENS, RequestSpec, Workload
 
 MOONCAKE = DATA_DIR / "traces" / "mooncake.jsonl"
 
@@ -185,4 +185,16 @@ def test_the_fixed_chunks_served_are_the_twins_best_of_the_sweep():
 def test_bench_takes_a_trace_and_its_load_and_cap():
     args = e2e_run.build_parser().parse_args(["bench", "--trace", f"{MOONCAKE}@42:20", "--load", "0.9"])
     assert (args.trace, args.load, args.output_cap, args.fixed_pick) == (f"{MOONCAKE}@42:20", 0.9, 64, 1)
+    assert not args.keep_profile
     assert e2e_run.build_parser().parse_args(["bench"]).trace is None
+
+
+def test_twin_predict_writes_the_replay_and_its_slo_for_the_engines_python(tmp_path):
+    out = tmp_path / "w.json"
+    item = f"{MOONCAKE}@42:20"
+    argv = ["--surface", "synthetic", "--stages", "2", "--trace", item, "--load", "0.8", "--output-cap", "64"]
+    assert twin_predict.main([*argv, "--chunk", "2048", "--json", str(out), "--workload-only"]) == 0
+    data = json.loads(out.read_text())
+    built = trace_replay.build_replay("synthetic", item, 0.8, 64, 2048)
+    assert trace_replay.same_requests(Workload.from_json(data["workload"]), built)
+    assert data["notes"] == list(built.notes) and set(data["slo"]) == {"ttft_ms", "tpot_ms", "basis"}

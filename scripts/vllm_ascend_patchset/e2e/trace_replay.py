@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..twin.slo import default_slo
+from ..twin.slo import Slo
 from ..twin.surface_files import load_surface
 from ..twin.traces import parse_trace_item, trace_workload
 from ..twin.workloads import RequestSpec, Workload, prompt_token_ids
@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", help="trace mode: replay PATH@START:COUNT (Mooncake .jsonl or Azure .csv)")
     p.add_argument("--load", type=float, default=0.8, help="trace mode: offered prefill load (of the capacity)")
     p.add_argument("--output-cap", type=int, default=64, help="trace mode: at most this many output tokens")
+    p.add_argument(
+        "--keep-profile",
+        action="store_true",
+        help="trace mode: ours starts from the profile it saved in an earlier run (in --out) instead of profiling",
+    )
     p.add_argument(
         "--fixed-pick", type=int, default=1, help="trace mode: serve the twin's N best chunks of --fixed (0: all)"
     )
@@ -154,10 +159,8 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
             record["profile"] = e2e.profile_source(server.log_text())
             print(f"{policy.name}: ready in {server.ready_s:.0f} s; CPP model from {record['profile']}", flush=True)
             if workload is None:
-                workload = build_replay(str(saved_profile(args)), args.trace, args.load, args.output_cap, args.chunk)
-                record["workload"] = workload.to_json()
-                for note in workload.notes:
-                    print(f"  {note}", flush=True)
+                workload, slo = twin_workload(args, saved_profile(args))
+                record["workload"], record["slo"] = workload.to_json(), slo.to_json()
             e2e.stream_token_times(server.port, WARM_UP_IDS, 2)
             prompts = prompts_of(workload)
             record["loads"].append(os.getloadavg()[0])
@@ -187,16 +190,28 @@ def saved_profile(args: argparse.Namespace) -> Path:
     return profiles[-1]
 
 
-def twin_prediction(args: argparse.Namespace, profile: Path) -> dict[str, Any]:
-    """The twin's replay of the same slice at the same load from ``profile``: its JSON (``twin_predict``)."""
-    out = args.out / "twin.json"
+def _twin(args: argparse.Namespace, profile: Path, out: Path, *extra: str) -> dict[str, Any]:
+    """Run ``twin_predict`` on the trace mode's replay with the twin's Python; its JSON."""
     command = [args.twin_python, "-m", "vllm_ascend_patchset.e2e.twin_predict", "--surface", str(profile)]
     command += ["--stages", str(e2e.PIPELINE_STAGES), "--trace", args.trace, "--load", str(args.load)]
-    command += ["--output-cap", str(args.output_cap), "--fixed", args.fixed, "--chunk", str(args.chunk)]
-    command += ["--policies", "fixed,upstream,ours", "--json", str(out)]
+    command += ["--output-cap", str(args.output_cap), "--chunk", str(args.chunk), "--json", str(out), *extra]
     env = {**e2e.server_env(), "PYTHONPATH": str(e2e.SCRIPTS_DIR)}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, timeout=TWIN_TIMEOUT_S)
     return json.loads(out.read_text())
+
+
+def twin_workload(args: argparse.Namespace, profile: Path) -> tuple[Workload, Slo]:
+    """The replay's requests and arrivals from ``profile``, and the SLO bounds it sets, built in the twin's Python
+    (``build_replay``, ``slo.default_slo``: reading a profile as a surface needs SciPy, which the engine's lacks)."""
+    data = _twin(args, profile, args.out / "workload.json", "--workload-only")
+    for note in data["notes"]:
+        print(f"  {note}", flush=True)
+    return Workload.from_json(data["workload"]), Slo(**data["slo"])
+
+
+def twin_prediction(args: argparse.Namespace, profile: Path) -> dict[str, Any]:
+    """The twin's replay of the same slice at the same load from ``profile``: its JSON (``twin_predict``)."""
+    return _twin(args, profile, args.out / "twin.json", "--fixed", args.fixed, "--policies", "fixed,upstream,ours")
 
 
 def fixed_to_serve(args: argparse.Namespace, twin_means: dict[str, float]) -> list[int]:
@@ -215,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--trace: the policies must include ours: its profile sets the arrivals and the twin")
     args.out = args.out / "trace"
     args.out.mkdir(parents=True, exist_ok=True)
-    for old in (args.out / "profiles").glob("cpp-profile-*.json"):
+    for old in [] if args.keep_profile else (args.out / "profiles").glob("cpp-profile-*.json"):
         old.unlink()  # ours profiles afresh; the arrivals and the twin read what this run's engine saved
     model_dir = write_tiny_qwen3(e2e.E2E_CACHE / "model")
     records = [serve_replay(args, e2e.ours(args.chunk), model_dir, None)]
@@ -232,7 +247,7 @@ def run(args: argparse.Namespace) -> int:
     if twin and not same_requests(workload, Workload.from_json(twin["workload"])):
         print("twin: its requests differ from the replay's; its figures are left out", file=sys.stderr)
         twin = {}
-    slo = default_slo(load_surface(str(profile)), e2e.PIPELINE_STAGES)
+    slo = Slo(**records[0]["slo"])
     twin_figures = {
         name: tf.serving(times["request_ttft_ms"], times["request_tpot_ms"], slo)
         for name, times in twin.get("policies", {}).items()

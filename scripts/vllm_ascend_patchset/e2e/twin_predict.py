@@ -11,7 +11,8 @@ Runs with the test environment's Python (the twin's, which has SciPy); prints an
 same policies and settings the real engine served. With ``--trace`` it replays the trace
 mode's workload instead (``trace_replay.build_replay``: the same requests and arrivals)
 and writes ``{"workload": ..., "policies": {policy: {"request_ttft_ms": {req_id: ms},
-"request_tpot_ms": {...}}}}``.
+"request_tpot_ms": {...}}}}``; with ``--workload-only`` just the replay and its default SLO bounds (``twin/slo.py``)
+(the e2e environment has no SciPy, which reading a profile as a surface needs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
+from ..twin.slo import default_slo
+from ..twin.surface_files import load_surface
 from ..twin.workloads import long_prompt
 from . import servers
 from .trace_replay import build_replay
@@ -80,11 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", help="PATH@START:COUNT: replay the e2e trace mode's workload")
     p.add_argument("--load", type=float, default=0.8)
     p.add_argument("--output-cap", type=int, default=None)
+    p.add_argument(
+        "--workload-only", action="store_true", help="with --trace: write the replay's requests, run nothing"
+    )
     p.add_argument("--fixed", default="")
     p.add_argument("--chunk", type=int, required=True)
     p.add_argument("--policies", default="fixed,upstream,ours")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.trace and args.workload_only:
+        workload = build_replay(args.surface, args.trace, args.load, args.output_cap, args.chunk)
+        slo = default_slo(load_surface(args.surface), args.stages)
+        args.json.write_text(
+            json.dumps({"workload": workload.to_json(), "notes": list(workload.notes), "slo": slo.to_json()})
+        )
+        return 0
     if args.trace:
         fixed = [int(v) for v in args.fixed.split(",") if v]
         policies = set(args.policies.split(","))

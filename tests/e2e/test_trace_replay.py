@@ -198,3 +198,9 @@ def test_twin_predict_writes_the_replay_and_its_slo_for_the_engines_python(tmp_p
     built = trace_replay.build_replay("synthetic", item, 0.8, 64, 2048)
     assert trace_replay.same_requests(Workload.from_json(data["workload"]), built)
     assert data["notes"] == list(built.notes) and set(data["slo"]) == {"ttft_ms", "tpot_ms", "basis"}
+
+
+def test_pace_is_measured_over_predicted_of_ours_timed_steps():
+    line = "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms"
+    log = "\n".join(["x", line % (2, 900, 200.0, 250.0), "y", line % (1, 2048, 400.0, 380.0)])  # noqa: UP031
+    assert trace_replay.pace(log) == pytest.approx([1.25, 0.95])

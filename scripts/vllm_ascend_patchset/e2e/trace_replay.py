@@ -42,6 +42,7 @@ from ..twin.workloads import RequestSpec, Workload, prompt_token_ids
 from . import servers as e2e
 from . import trace_figures as tf
 from .model import write_tiny_qwen3
+from .smoke import TIMED_STEP_RE
 
 CACHE_BLOCK_TOKENS = 128  # vLLM's block size on the CPU (given to the servers), as in the twin (engine.BLOCK_TOKENS)
 TRACE_MAX_NUM_SEQS = 64  # the twin's MAX_NUM_SEQS (twin/engine.py): both admit the same requests at once
@@ -150,9 +151,9 @@ def request_times(outcomes: list[Outcome]) -> tuple[dict[str, float | None], dic
 def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, workload: Workload | None) -> dict:
     """Start ``policy``'s server, warm it, replay ``workload`` (or the one its own profile makes: ours), stop it."""
     record: dict[str, Any] = {"policy": policy.name, "kind": policy.kind, "outcomes": [], "errors": [], "loads": []}
-    server = e2e.Server(
-        policy, model_dir, args.out / f"server-{policy.name}.log", args.out / "profiles", extra_args=server_args()
-    )
+    log = args.out / f"server-{policy.name}.log"
+    debug = {"VLLM_LOGGING_LEVEL": "DEBUG"} if policy.kind == "ours" else {}  # its timed steps (pace)
+    server = e2e.Server(policy, model_dir, log, args.out / "profiles", debug, extra_args=server_args())
     try:
         with server:
             record["ready_s"] = server.ready_s
@@ -176,11 +177,18 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
             record["replay_s"] = time.monotonic() - started
             record["outcomes"] = [asdict(o) for o in outcomes]
             record["errors"] += [f"{o.req_id}: {o.error}" for o in outcomes if o.error]
+            record["pace"] = pace(server.log_text())
     except Exception as error:
         record["errors"].append(f"{type(error).__name__}: {error}")
         print(f"{policy.name}: FAILED {error}\n--- tail of {server.log_path} ---\n{server.log_tail()}", file=sys.stderr)
     record["errors"] += server.leftovers
     return record
+
+
+def pace(log: str) -> list[float]:
+    """Measured over predicted time of ours' timed steps, from its DEBUG log: how fast the engine ran against
+    the profile it plans with (and the twin predicts from)."""
+    return [float(m) / float(p) for _, p, m in TIMED_STEP_RE.findall(log) if float(p) > 0]
 
 
 def saved_profile(args: argparse.Namespace) -> Path:
@@ -283,5 +291,11 @@ def report(records: list[dict], twin: dict[str, tf.Serving], slo: Any, workload:
         print(f"{record['policy']}: {'; '.join(record['errors'])}", file=sys.stderr)
     for goal in tf.goals(real, twin, ttft_by_policy, best_fixed, upstream):
         print(f"goal {'met   ' if goal.met else 'MISSED'}: {goal.what}: {goal.value}")
+    for record in records:
+        if record.get("pace"):
+            steps = sorted(record["pace"])
+            quartiles = f"{steps[len(steps) // 4]:.2f} .. {steps[(3 * len(steps)) // 4]:.2f}"
+            print(f"  {record['policy']}: {len(steps)} timed steps ran at {steps[len(steps) // 2]:.2f} x the profile's"
+                  f" time (median; quartiles {quartiles})")  # fmt: skip
     print(f"bench-e2e trace: {len(records)} policies in {elapsed_s:.0f} s")
     return 1 if failed else 0

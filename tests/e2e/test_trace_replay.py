@@ -110,7 +110,7 @@ def test_each_request_is_sent_at_its_arrival_and_a_failure_is_kept():
         seen.append((tuple(ids), max_tokens))
         if ids == prompts["c"]:
             raise RuntimeError("HTTP 500")
-        return [0.25 * (k + 1) for k in range(max_tokens)]
+        return [0.25 * (k + 1) for k in range(max_tokens)], 128 if ids == prompts["b"] else 0
 
     # One worker thread at a time keeps the fake clock's arithmetic exact.
     outcomes = trace_replay.replay(specs[:1], prompts, send, clock, clock.sleep, done.append)
@@ -124,6 +124,7 @@ def test_each_request_is_sent_at_its_arrival_and_a_failure_is_kept():
     assert ttft == {"a": 250.0, "b": 250.0, "c": None}
     assert tpot == {"a": pytest.approx(250.0), "b": None, "c": None}
     assert outcomes[2].error == "RuntimeError: HTTP 500"
+    assert [o.cached_tokens for o in outcomes] == [0, 128, None]
 
 
 SLO = Slo(ttft_ms=1000.0, tpot_ms=50.0, basis="test")
@@ -185,7 +186,7 @@ def test_the_fixed_chunks_served_are_the_twins_best_of_the_sweep():
 def test_bench_takes_a_trace_and_its_load_and_cap():
     args = e2e_run.build_parser().parse_args(["bench", "--trace", f"{MOONCAKE}@42:20", "--load", "0.9"])
     assert (args.trace, args.load, args.output_cap, args.fixed_pick) == (f"{MOONCAKE}@42:20", 0.9, 64, 1)
-    assert not args.keep_profile
+    assert not args.keep_profile and not args.report_only
     assert e2e_run.build_parser().parse_args(["bench"]).trace is None
 
 
@@ -204,3 +205,31 @@ def test_pace_is_measured_over_predicted_of_ours_timed_steps():
     line = "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms"
     log = "\n".join(["x", line % (2, 900, 200.0, 250.0), "y", line % (1, 2048, 400.0, 380.0)])  # noqa: UP031
     assert trace_replay.pace(log) == pytest.approx([1.25, 0.95])
+
+
+def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
+    specs = (RequestSpec("a", 0.0, 600, 3, 0), RequestSpec("b", 900.0, 600, 2, 1))
+    workload = Workload("mooncake-s0-n2-load0.8", 0, specs)
+
+    def record(name, kind, ttft_s, cached, **extra):
+        outcomes = [
+            {"req_id": r, "sent_s": 0.0, "late_ms": 0.0, "token_s": [t, t + 0.1], "cached_tokens": c}
+            for r, t, c in zip("ab", ttft_s, cached, strict=True)
+        ]
+        return {"policy": name, "kind": kind, "outcomes": outcomes, "errors": [], "loads": [3.0, 4.0], **extra}
+
+    records = [
+        record("ours", "ours", [1.0, 2.0], [0, 512], pace=[1.1, 0.9, 1.0]),
+        record("fixed-512", "fixed", [1.2, 2.2], [0, 512]),
+        record("upstream-cpp", "upstream", [1.5, 2.5], [0, None]),
+    ]
+    twin = {"ours": _serving(1.45), "fixed-512": _serving(1.7), "upstream-cpp": _serving(2.0)}
+    assert trace_replay.report(records, twin, {"ours": 512}, SLO, workload, 12.0) == 0
+    out = capsys.readouterr().out
+    assert "== mooncake-s0-n2-load0.8, PP=2, 2 requests, prefix caching on ==" in out
+    assert "ours: prefix-cache hits 512 prompt tokens (twin 512)" in out
+    assert "upstream-cpp: prefix-cache hits - prompt tokens (twin -)" in out
+    assert "ours: 3 timed steps ran at 1.00 x the profile's time" in out
+    assert "goal met   : the twin ranks the policies as the engine does" in out
+    assert "goal MISSED: fixed-512: twin/real mean TTFT within 1 +/- 0.05: 1.000" not in out
+    assert "best fixed chunk: real fixed-512, twin fixed-512" in out

@@ -204,14 +204,16 @@ def prompt_ids(length: int, index: int, vocab_size: int, seed: int = 0) -> list[
     return [rng.randrange(3, vocab_size) for _ in range(length)]
 
 
-def stream_token_times(port: int, token_ids: list[int], max_tokens: int) -> list[float]:
+def stream_completion(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float], dict[str, Any]]:
     """One streamed completion of exactly ``max_tokens`` tokens: the time of each streamed token, in seconds
-    from the moment the request is sent, as the client sees it."""
+    from the moment the request is sent, as the client sees it, and the usage the server reports at the end
+    (with ``prompt_tokens_details.cached_tokens`` when it runs ``--enable-prompt-tokens-details``)."""
     body = json.dumps(
         {"model": "tiny-qwen3", "prompt": token_ids, "max_tokens": max_tokens, "min_tokens": max_tokens,
-         "ignore_eos": True, "stream": True, "temperature": 0.0}
+         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
     )  # fmt: skip
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    usage: dict[str, Any] = {}
     try:
         started = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -225,11 +227,17 @@ def stream_token_times(port: int, token_ids: list[int], max_tokens: int) -> list
                 chunk = json.loads(line[5:])
                 if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                     token_times.append(time.perf_counter() - started)
+                usage = chunk.get("usage") or usage
     finally:
         conn.close()
     if not token_times:
         raise RuntimeError("completion returned no tokens")
-    return token_times
+    return token_times, usage
+
+
+def stream_token_times(port: int, token_ids: list[int], max_tokens: int) -> list[float]:
+    """``stream_completion``'s token times."""
+    return stream_completion(port, token_ids, max_tokens)[0]
 
 
 def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:

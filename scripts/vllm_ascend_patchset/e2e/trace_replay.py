@@ -62,14 +62,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="trace mode: ours starts from the profile it saved in an earlier run (in --out) instead of profiling",
     )
     p.add_argument(
+        "--report-only", action="store_true", help="trace mode: the last run's table again, the twin run anew"
+    )
+    p.add_argument(
         "--fixed-pick", type=int, default=1, help="trace mode: serve the twin's N best chunks of --fixed (0: all)"
     )
 
 
 def server_args() -> tuple[str, ...]:
-    """What a trace server adds to the bench's: the prefix cache on, its block size and the twin's sequence cap."""
+    """What a trace server adds to the bench's: the prefix cache on, its block size, the cached tokens of each
+    request in its usage report, and the twin's sequence cap."""
     seqs = str(TRACE_MAX_NUM_SEQS)
-    return ("--enable-prefix-caching", "--block-size", str(CACHE_BLOCK_TOKENS), "--max-num-seqs", seqs)
+    caching = ("--enable-prefix-caching", "--block-size", str(CACHE_BLOCK_TOKENS), "--enable-prompt-tokens-details")
+    return (*caching, "--max-num-seqs", seqs)
 
 
 def build_replay(surface_spec: str, trace_item: str, load: float, output_cap: int | None, chunk: int) -> Workload:
@@ -103,13 +108,14 @@ class Outcome:
     late_ms: float  # sent this much after its arrival time
     token_s: list[float]  # each streamed token's time from the send
     error: str | None = None
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache (its usage report)
 
     @property
     def ttft_ms(self) -> float | None:
         return self.token_s[0] * 1000.0 if self.token_s else None
 
 
-Send = Callable[[list[int], int], list[float]]
+Send = Callable[[list[int], int], tuple[list[float], int | None]]  # (prompt, max tokens) -> (token times, cached)
 
 
 def replay(
@@ -131,7 +137,7 @@ def replay(
         sent = clock()
         outcome = Outcome(spec.req_id, sent - zero, (sent - zero) * 1000.0 - spec.arrival_ms, [])
         try:
-            outcome.token_s = send(prompts[spec.req_id], spec.max_output_tokens)
+            outcome.token_s, outcome.cached_tokens = send(prompts[spec.req_id], spec.max_output_tokens)
         except Exception as error:  # a failed request misses its goals; the replay goes on
             outcome.error = f"{type(error).__name__}: {error}"
         if on_done is not None:
@@ -172,8 +178,7 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
                 ttft = "no token" if outcome.ttft_ms is None else f"TTFT {outcome.ttft_ms / 1000:.2f} s"
                 print(f"  {outcome.req_id} at {outcome.sent_s:.1f} s: {ttft} {outcome.error or ''}", flush=True)
 
-            outcomes = replay(workload.requests, prompts, lambda ids, n: e2e.stream_token_times(server.port, ids, n),
-                              on_done=done)  # fmt: skip
+            outcomes = replay(workload.requests, prompts, lambda ids, n: send(server.port, ids, n), on_done=done)
             record["replay_s"] = time.monotonic() - started
             record["outcomes"] = [asdict(o) for o in outcomes]
             record["errors"] += [f"{o.req_id}: {o.error}" for o in outcomes if o.error]
@@ -183,6 +188,12 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
         print(f"{policy.name}: FAILED {error}\n--- tail of {server.log_path} ---\n{server.log_tail()}", file=sys.stderr)
     record["errors"] += server.leftovers
     return record
+
+
+def send(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float], int | None]:
+    """One streamed request: its token times and the prompt tokens the server's prefix cache held."""
+    token_s, usage = e2e.stream_completion(port, token_ids, max_tokens)
+    return token_s, (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
 
 
 def pace(log: str) -> list[float]:
@@ -233,6 +244,8 @@ def fixed_to_serve(args: argparse.Namespace, twin_means: dict[str, float]) -> li
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    if args.report_only:
+        return report_again(args)
     wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
     if "ours" not in wanted:
         raise SystemExit("--trace: the policies must include ours: its profile sets the arrivals and the twin")
@@ -245,29 +258,53 @@ def run(args: argparse.Namespace) -> int:
     if "workload" not in records[0]:
         print(f"ours: {'; '.join(records[0]['errors'])}", file=sys.stderr)
         return 1
-    workload = Workload.from_json(records[0]["workload"])
-    profile = saved_profile(args)
-    twin: dict[str, Any] = {}
-    try:
-        twin = twin_prediction(args, profile)
-    except (subprocess.SubprocessError, OSError, RuntimeError) as error:
-        print(f"twin: not run ({error}); serving every chunk of --fixed", file=sys.stderr)
-    if twin and not same_requests(workload, Workload.from_json(twin["workload"])):
-        print("twin: its requests differ from the replay's; its figures are left out", file=sys.stderr)
-        twin = {}
-    slo = Slo(**records[0]["slo"])
-    twin_figures = {
-        name: tf.serving(times["request_ttft_ms"], times["request_tpot_ms"], slo)
-        for name, times in twin.get("policies", {}).items()
-    }
-    others = [e2e.fixed(c) for c in fixed_to_serve(args, {n: f.ttft_mean_s for n, f in twin_figures.items()})]
+    workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
+    twin, twin_hits = twin_figures(args, saved_profile(args), workload, slo)
+    if not twin:
+        print("twin: no prediction; serving every chunk of --fixed", file=sys.stderr)
+    others = [e2e.fixed(c) for c in fixed_to_serve(args, {n: f.ttft_mean_s for n, f in twin.items()})]
     others = (others if "fixed" in wanted else []) + ([e2e.upstream(args.chunk)] if "upstream" in wanted else [])
     records += [serve_replay(args, policy, model_dir, workload) for policy in others]
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
-    return report(records, twin_figures, slo, workload, time.monotonic() - started)
+    return report(records, twin, twin_hits, slo, workload, time.monotonic() - started)
 
 
-def report(records: list[dict], twin: dict[str, tf.Serving], slo: Any, workload: Workload, elapsed_s: float) -> int:
+def twin_figures(
+    args: argparse.Namespace, profile: Path, workload: Workload, slo: Slo
+) -> tuple[dict[str, tf.Serving], dict[str, int]]:
+    """The twin's figures of the replay per policy, and the prompt tokens its prefix cache held ({} if it failed)."""
+    try:
+        twin = twin_prediction(args, profile)
+    except (subprocess.SubprocessError, OSError, RuntimeError) as error:
+        print(f"twin: not run ({error})", file=sys.stderr)
+        return {}, {}
+    if not same_requests(workload, Workload.from_json(twin["workload"])):
+        print("twin: its requests differ from the replay's; its figures are left out", file=sys.stderr)
+        return {}, {}
+    figures = {
+        name: tf.serving(times["request_ttft_ms"], times["request_tpot_ms"], slo)
+        for name, times in twin["policies"].items()
+    }
+    return figures, {name: sum(t["request_cached_tokens"].values()) for name, t in twin["policies"].items()}
+
+
+def report_again(args: argparse.Namespace) -> int:
+    """The table of the last run in ``--out`` (its records and ours' saved profile), with the twin run anew."""
+    args.out = args.out / "trace"
+    records = json.loads((args.out / "records.json").read_text())
+    workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
+    twin, twin_hits = twin_figures(args, saved_profile(args), workload, slo)
+    return report(records, twin, twin_hits, slo, workload, 0.0)
+
+
+def report(
+    records: list[dict],
+    twin: dict[str, tf.Serving],
+    twin_hits: dict[str, int],
+    slo: Slo,
+    workload: Workload,
+    elapsed_s: float,
+) -> int:
     real, ttft_by_policy, loads = {}, {}, {}
     for record in records:
         outcomes = [Outcome(**o) for o in record["outcomes"]]
@@ -292,6 +329,10 @@ def report(records: list[dict], twin: dict[str, tf.Serving], slo: Any, workload:
     for goal in tf.goals(real, twin, ttft_by_policy, best_fixed, upstream):
         print(f"goal {'met   ' if goal.met else 'MISSED'}: {goal.what}: {goal.value}")
     for record in records:
+        cached = [o.get("cached_tokens") for o in record["outcomes"]]
+        real_hits = "-" if None in cached or not cached else str(sum(cached))
+        twin_hit = twin_hits.get(record["policy"], "-")
+        print(f"  {record['policy']}: prefix-cache hits {real_hits} prompt tokens (twin {twin_hit})")
         if record.get("pace"):
             steps = sorted(record["pace"])
             quartiles = f"{steps[len(steps) // 4]:.2f} .. {steps[(3 * len(steps)) // 4]:.2f}"

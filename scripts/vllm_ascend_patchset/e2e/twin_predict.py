@@ -71,6 +71,7 @@ def predict_trace(
         out[policy.name] = {
             "request_ttft_ms": dict(zip(ids, figures.request_ttft_ms, strict=True)),
             "request_tpot_ms": dict(zip(ids, figures.request_tpot_ms, strict=True)),
+            "request_cached_tokens": {r["req_id"]: r["cached_tokens"] for r in result["requests"]},
         }
     return {"workload": workload.to_json(), "notes": list(workload.notes), "policies": out}
 

@@ -233,3 +233,14 @@ def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
     assert "goal met   : the twin ranks the policies as the engine does" in out
     assert "goal MISSED: fixed-512: twin/real mean TTFT within 1 +/- 0.05: 1.000" not in out
     assert "best fixed chunk: real fixed-512, twin fixed-512" in out
+
+
+@pytest.mark.parametrize(
+    ("usage", "cached"),
+    [({"prompt_tokens": 4000, "prompt_tokens_details": {"cached_tokens": 3072}}, 3072),
+     ({"prompt_tokens": 600}, 0),  # vLLM leaves the details out when nothing was cached
+     ({}, None)],  # no usage at all: unknown
+)  # fmt: skip
+def test_the_cached_tokens_come_from_the_servers_usage_report(monkeypatch, usage, cached):
+    monkeypatch.setattr(servers, "stream_completion", lambda port, ids, n: ([0.5, 0.6], usage))
+    assert trace_replay.send(1, [5, 6], 2) == ([0.5, 0.6], cached)

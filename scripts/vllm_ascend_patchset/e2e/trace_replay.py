@@ -191,9 +191,10 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
 
 
 def send(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float], int | None]:
-    """One streamed request: its token times and the prompt tokens the server's prefix cache held."""
+    """One streamed request: its token times and the prompt tokens the server's prefix cache held (None: the
+    server sent no usage; vLLM leaves the details out when nothing was cached)."""
     token_s, usage = e2e.stream_completion(port, token_ids, max_tokens)
-    return token_s, (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return token_s, (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) if usage else None
 
 
 def pace(log: str) -> list[float]:

@@ -23,7 +23,7 @@ from vllm_ascend.core import (
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
 from vllm_ascend_patchset.e2e import bench as e2e_bench
-from vllm_ascend_patchset.e2e import ds_bench, ds_smoke
+from vllm_ascend_patchset.e2e import ds_bench, ds_smoke, trace_figures, trace_replay
 from vllm_ascend_patchset.e2e import run as e2e_run
 from vllm_ascend_patchset.e2e import servers as e2e_servers
 from vllm_ascend_patchset.e2e import smoke as e2e_smoke
@@ -282,6 +282,58 @@ def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
         f"make bench-e2e-ds # TP = 2, {bench.prompts} x {bench.prompt_tokens}-token prompts per batch, "
         f"{bench.alpha_us:g} us / {bench.beta_gbps:g} GB/s",
     )
+
+
+def test_the_e2e_trace_mode_the_doc_describes_is_the_codes():
+    bench = e2e_run.build_parser().parse_args(["bench"])
+    says("docs/e2e.md", f"COUNT {trace_replay.DEFAULT_COUNT} when left out")
+    says("docs/e2e.md", f"than the servers' `--max-model-len` {e2e_servers.MAX_MODEL_LEN} is skipped")
+    says("docs/e2e.md", f"at most `--output-cap` (default {bench.output_cap})")
+    says("docs/e2e.md", f"at `--load` (default {bench.load:g})")
+    says("docs/e2e.md", f"the `--fixed-pick` (default {bench.fixed_pick})")
+    flags = trace_replay.server_args()
+    block, seqs = flags[flags.index("--block-size") + 1], flags[flags.index("--max-num-seqs") + 1]
+    assert "--enable-prefix-caching" in flags and "--enable-prompt-tokens-details" in flags
+    says("docs/e2e.md", f"`--enable-prefix-caching --block-size {block} --max-num-seqs {seqs}`")
+    says("docs/e2e.md", f"one {len(trace_replay.WARM_UP_IDS)}-token warm-up request")
+    says("docs/e2e.md", f"each {workloads.TRACE_BLOCK_TOKENS}-token block")
+    says("docs/e2e.md", f"(ids below {workloads.VOCAB_TOKENS}")
+    says("docs/e2e.md", f"twin/real mean TTFT within 1 +/- {trace_figures.FIDELITY_GOAL:g} for every policy")
+    assert trace_figures.STANDARD_ERRORS == 2
+    says("docs/e2e.md", "more than two standard errors")
+    says("docs/e2e.md", f"ours' TPOT P99 at most {trace_figures.TPOT_P99_GOAL:g} x the best fixed chunk's")
+
+
+def test_the_e2e_trace_slice_is_what_the_doc_says():
+    records = read_trace(DATA_DIR / "traces" / "mooncake.jsonl", 400)
+    limit, count = e2e_servers.MAX_MODEL_LEN, trace_replay.DEFAULT_COUNT
+    cap = e2e_run.build_parser().parse_args(["bench"]).output_cap
+    shares = {}
+    for start in range(len(records) - count + 1):
+        window = records[start : start + count]
+        if all(r.input_tokens + min(max(r.output_tokens, 1), cap) <= limit for r in window):
+            hits = cached_prefix_tokens(window, trace_replay.CACHE_BLOCK_TOKENS)
+            shares[start] = sum(hits) / sum(r.input_tokens for r in window)
+    ranked = sorted(shares, key=shares.get, reverse=True)
+    assert ranked[0] == 42
+    says("docs/e2e.md", f"of the {len(shares)} windows of {count} requests of the committed Mooncake head")
+    says("docs/e2e.md", f"largest share of prefix hits (the next has {shares[ranked[1]]:.0%})")
+    window = records[42 : 42 + count]
+    hits = cached_prefix_tokens(window, trace_replay.CACHE_BLOCK_TOKENS)
+    lengths = [r.input_tokens for r in window]
+    says(
+        "docs/e2e.md",
+        f"prompts of {min(lengths)} to {max(lengths)} tokens, {sum(lengths)} in all, {sum(hits)} of them "
+        f"({sum(hits) / sum(lengths):.1%}) expected hits: request 49 repeats {hits[49 - 42]} tokens of request 42's "
+        f"prompt, request 61 {hits[61 - 42]} of request 57's",
+    )
+    assert [i + 42 for i, h in enumerate(hits) if h] == [49, 61]
+    assert window[49 - 42].block_ids[:10] == window[0].block_ids[:10]
+    assert window[61 - 42].block_ids[:10] == window[57 - 42].block_ids[:10]
+    rest = [n for i, n in enumerate(lengths) if i + 42 not in (42, 49)]
+    short, long = [n for n in rest if n < 10000], [n for n in rest if n >= 10000]
+    says("docs/e2e.md", f"short chat turns ({min(short)} to {max(short)} tokens)")
+    says("docs/e2e.md", f"long documents ({min(long)} to {max(long)})")
 
 
 # ----------------------------------------------------------------------------- docs/dual-stream.md

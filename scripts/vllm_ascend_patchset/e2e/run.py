@@ -5,6 +5,7 @@
     python -m vllm_ascend_patchset.e2e.run bench     # fixed chunks, upstream's CPP and ours, side by side
     python -m vllm_ascend_patchset.e2e.run ds-smoke  # CI: dual stream at TP=2 and, with CPP, PP=2 x TP=2
     python -m vllm_ascend_patchset.e2e.run ds-bench  # dual stream's prefill time on / off at TP=2
+    python -m vllm_ascend_patchset.e2e.run bench --trace PATH@START:COUNT  # a replayed trace slice (trace_replay)
 
 Run with the e2e environment's Python (scripts/setup_e2e_env.sh). The checks live in
 ``smoke`` (smoke, uneven), ``bench``, ``ds_smoke`` and ``ds_bench``, the servers they
@@ -16,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, ds_bench, ds_smoke, smoke
+from . import bench, ds_bench, ds_smoke, smoke, trace_replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     ds_bench.add_arguments(p_ds_bench)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     bench.add_arguments(p_bench)
+    trace_replay.add_arguments(p_bench)
     return parser
 
 
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         return ds_smoke.smoke([c.strip() for c in args.cases.split(",") if c.strip()])
     if args.command == "ds-bench":
         return ds_bench.run(args)
+    if args.trace:
+        return trace_replay.run(args)
     return bench.run(args)
 
 

@@ -66,9 +66,16 @@ def free_port() -> int:
 
 
 def serve_command(
-    policy: Policy, model_dir: Path, port: int, profile_dir: Path, max_model_len: int = MAX_MODEL_LEN
+    policy: Policy,
+    model_dir: Path,
+    port: int,
+    profile_dir: Path,
+    max_model_len: int = MAX_MODEL_LEN,
+    extra_args: tuple[str, ...] = (),
 ) -> list[str]:
-    """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only."""
+    """``vllm serve`` for the twin's ``policy`` on the CPU engine, PP = 2, chunked prefill, 127.0.0.1 only.
+
+    ``extra_args`` come last, so a later ``--max-num-seqs`` (say) replaces the default above it."""
     cpp = {"fixed": "none"}.get(policy.kind, policy.kind)
     command = [sys.executable, "-m", "vllm_ascend_patchset.e2e.serve", "--cpp", cpp, "--", str(model_dir)]
     command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
@@ -83,7 +90,7 @@ def serve_command(
             config["cache_dir"] = str(profile_dir)  # the twin's runs keep none; a server keeps its profile
         command += ["--scheduler-cls", OURS_SCHEDULER, "--worker-extension-cls", WORKER_EXTENSION]
         command += ["--additional-config", json.dumps({"profiling_chunk_config": config})]
-    return command
+    return command + list(extra_args)
 
 
 def server_env() -> dict[str, str]:
@@ -181,9 +188,12 @@ class Server(ServerProcess):
         profile_dir: Path,
         extra_env: dict | None = None,
         max_model_len: int = MAX_MODEL_LEN,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         super().__init__(
-            lambda port: serve_command(policy, model_dir, port, profile_dir, max_model_len), log_path, extra_env
+            lambda port: serve_command(policy, model_dir, port, profile_dir, max_model_len, extra_args),
+            log_path,
+            extra_env,
         )
         self.policy = policy
 
@@ -211,13 +221,16 @@ def prompt_ids(length: int, index: int, vocab_size: int, seed: int = 0) -> list[
     return [rng.randrange(3, vocab_size) for _ in range(length)]
 
 
-def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:
-    """One streamed completion: TTFT and TPOT in seconds, as the client sees them."""
+def stream_completion(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float], dict[str, Any]]:
+    """One streamed completion of exactly ``max_tokens`` tokens: the time of each streamed token, in seconds
+    from the moment the request is sent, as the client sees it, and the usage the server reports at the end
+    (with ``prompt_tokens_details.cached_tokens`` when it runs ``--enable-prompt-tokens-details``)."""
     body = json.dumps(
         {"model": "tiny-qwen3", "prompt": token_ids, "max_tokens": max_tokens, "min_tokens": max_tokens,
-         "ignore_eos": True, "stream": True, "temperature": 0.0}
+         "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, "temperature": 0.0}
     )  # fmt: skip
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=REQUEST_TIMEOUT_S)
+    usage: dict[str, Any] = {}
     try:
         started = time.perf_counter()
         conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -231,10 +244,22 @@ def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, floa
                 chunk = json.loads(line[5:])
                 if chunk.get("choices") and chunk["choices"][0].get("text") is not None:
                     token_times.append(time.perf_counter() - started)
+                usage = chunk.get("usage") or usage
     finally:
         conn.close()
     if not token_times:
         raise RuntimeError("completion returned no tokens")
+    return token_times, usage
+
+
+def stream_token_times(port: int, token_ids: list[int], max_tokens: int) -> list[float]:
+    """``stream_completion``'s token times."""
+    return stream_completion(port, token_ids, max_tokens)[0]
+
+
+def complete(port: int, token_ids: list[int], max_tokens: int) -> dict[str, float]:
+    """One streamed completion: TTFT and TPOT in seconds, as the client sees them."""
+    token_times = stream_token_times(port, token_ids, max_tokens)
     tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else 0.0
     return {"ttft_s": token_times[0], "tpot_s": tpot, "tokens": len(token_times)}
 

@@ -2,10 +2,17 @@
 
     python -m vllm_ascend_patchset.e2e.twin_predict --surface PROFILE.json --stages 2 \
         --prompts 16384,32768 --fixed 512,2048 --chunk 2048 --json OUT
+    python -m vllm_ascend_patchset.e2e.twin_predict --surface PROFILE.json --stages 2 \
+        --trace tests/data/traces/mooncake.jsonl@42:20 --load 0.8 --output-cap 64 \
+        --fixed 512,2048 --chunk 2048 --json OUT
 
 Runs with the test environment's Python (the twin's, which has SciPy); prints and writes
 ``{policy: {prompt_tokens: ttft_mean_s}}`` for fixed chunks, upstream's CPP and ours, the
-same policies and settings the real engine served.
+same policies and settings the real engine served. With ``--trace`` it replays the trace
+mode's workload instead (``trace_replay.build_replay``: the same requests and arrivals)
+and writes ``{"workload": ..., "policies": {policy: {"request_ttft_ms": {req_id: ms},
+"request_tpot_ms": {...}}}}``; with ``--workload-only`` just the replay and its default SLO bounds (``twin/slo.py``)
+(the e2e environment has no SciPy, which reading a profile as a surface needs).
 """
 
 from __future__ import annotations
@@ -17,8 +24,11 @@ from pathlib import Path
 
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
+from ..twin.slo import default_slo
+from ..twin.surface_files import load_surface
 from ..twin.workloads import long_prompt
 from . import servers
+from .trace_replay import build_replay
 
 
 def predict(
@@ -39,16 +49,65 @@ def predict(
     return out
 
 
+def predict_trace(
+    surface: str, trace: str, load: float, output_cap: int | None, fixed: list[int], chunk: int, policies: set[str]
+) -> dict:
+    """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself."""
+    wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
+    if "upstream" in policies:
+        wanted.append(servers.upstream(chunk))
+    if "ours" in policies:
+        wanted.append(servers.ours(chunk))
+    workload = build_replay(surface, trace, load, output_cap, chunk)
+    [results] = pol.run_cases([(pol.Setup(surface, servers.PIPELINE_STAGES, workload), wanted)])
+    out: dict[str, dict] = {}
+    for policy, result in zip(wanted, results, strict=True):
+        if "error" in result:
+            raise RuntimeError(f"twin: {policy.name} on {workload.name} failed: {result['error']}")
+        figures = figures_from_result(result, servers.PIPELINE_STAGES)
+        if figures.problems:
+            raise RuntimeError(f"twin: {policy.name} on {workload.name} ran incomplete: {figures.problems[0]}")
+        ids = [r["req_id"] for r in result["requests"]]
+        out[policy.name] = {
+            "request_ttft_ms": dict(zip(ids, figures.request_ttft_ms, strict=True)),
+            "request_tpot_ms": dict(zip(ids, figures.request_tpot_ms, strict=True)),
+            "request_cached_tokens": {r["req_id"]: r["cached_tokens"] for r in result["requests"]},
+        }
+    return {"workload": workload.to_json(), "notes": list(workload.notes), "policies": out}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vllm_ascend_patchset.e2e.twin_predict")
     p.add_argument("--surface", required=True)
     p.add_argument("--stages", type=int, required=True)
-    p.add_argument("--prompts", required=True)
+    p.add_argument("--prompts", default="", help="prompt lengths (one prompt each); or give --trace")
+    p.add_argument("--trace", help="PATH@START:COUNT: replay the e2e trace mode's workload")
+    p.add_argument("--load", type=float, default=0.8)
+    p.add_argument("--output-cap", type=int, default=None)
+    p.add_argument(
+        "--workload-only", action="store_true", help="with --trace: write the replay's requests, run nothing"
+    )
     p.add_argument("--fixed", default="")
     p.add_argument("--chunk", type=int, required=True)
     p.add_argument("--policies", default="fixed,upstream,ours")
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
+    if args.trace and args.workload_only:
+        workload = build_replay(args.surface, args.trace, args.load, args.output_cap, args.chunk)
+        slo = default_slo(load_surface(args.surface), args.stages)
+        args.json.write_text(
+            json.dumps({"workload": workload.to_json(), "notes": list(workload.notes), "slo": slo.to_json()})
+        )
+        return 0
+    if args.trace:
+        fixed = [int(v) for v in args.fixed.split(",") if v]
+        policies = set(args.policies.split(","))
+        traced = predict_trace(args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies)
+        args.json.write_text(json.dumps(traced))
+        print(json.dumps({name: len(times["request_ttft_ms"]) for name, times in traced["policies"].items()}))
+        return 0
+    if not args.prompts:
+        p.error("give --prompts or --trace")
     prediction = predict(
         args.surface,
         args.stages,

@@ -622,6 +622,8 @@ def test_priority_preemption_refunds_what_the_preempted_request_was_charged(tmp_
         ("vllm_ascend.core.cpp_chunk_rule.StepBudget.charge", "charging a scheduled request"),
         ("vllm_ascend.core.cpp_chunk_rule.StepBudget.settle", "the step's bookkeeping"),
         ("vllm_ascend.core.cpp_calibration.OnlineCalibration.record", "online calibration"),
+        ("vllm_ascend.core.cpp_traffic.Traffic.arrived", "counting an arrival"),
+        ("vllm_ascend.core.cpp_traffic.Traffic.held", "the step start"),
     ],
 )
 def test_a_fault_in_cpp_never_reaches_the_engine_loop(tmp_path, profiled, target, where):

@@ -18,12 +18,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vllm_ascend.core.cpp_samples import SampleError, check_samples
+from vllm_ascend.json_file import read_json, write_json_atomically
 
 __all__ = [
     "PROFILE_SCHEMA_VERSION",
@@ -148,34 +148,14 @@ def save_profile(
         "base_chunk_size": int(base_chunk_tokens),
         "samples": [[int(c), int(h), float(ms)] for c, h, ms in samples],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False)
-    try:
-        with handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    write_json_atomically(path, data)
 
 
 def load_profile(path: str | os.PathLike, *, fingerprint: Mapping, base_chunk_tokens: int) -> list | None:
     """The samples of a matching cached profile; None if there is no file; ProfileCacheError if unusable."""
-    path = Path(path)
-    try:
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise ProfileCacheError("not a regular file")
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_PROFILE_BYTES + 1)
-        if len(raw) > MAX_PROFILE_BYTES:
-            raise ProfileCacheError(f"larger than {MAX_PROFILE_BYTES >> 20} MiB")
-        data = json.loads(raw)
-    except ProfileCacheError:
-        raise
-    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested too deep
-        raise ProfileCacheError(f"{type(error).__name__}: {error}") from None
+    data = read_json(path, MAX_PROFILE_BYTES, ProfileCacheError)
+    if data is None:
+        return None
     if not isinstance(data, dict):
         raise ProfileCacheError("not a JSON object")
     version = data.get("schema_version")

@@ -275,9 +275,12 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
-        arrival = getattr(request, "arrival_time", None)
-        if self.cpp_policy is not None and isinstance(arrival, int | float) and math.isfinite(arrival):
-            self.cpp_policy.traffic.arrived(arrival)
+        try:
+            arrival = getattr(request, "arrival_time", None)
+            if self.cpp_policy is not None and isinstance(arrival, int | float) and math.isfinite(arrival):
+                self.cpp_policy.traffic.arrived(arrival)
+        except Exception as error:
+            self._cpp_fault("counting an arrival", error)
 
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:

@@ -17,12 +17,12 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from vllm_ascend.dual_stream.measured import Probe
+from vllm_ascend.json_file import read_json, write_json_atomically
 
 SCHEMA_VERSION = 1
 MAX_BYTES = 1 << 20
@@ -71,34 +71,14 @@ def save(path: str | os.PathLike, *, key: Mapping, probes: Sequence[Probe]) -> N
         "fingerprint": json.loads(json.dumps(dict(key), sort_keys=True)),
         "probes": [[p.size_class, p.single_s, p.dual_s] for p in probes],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False)
-    try:
-        with handle:
-            json.dump(data, handle, indent=1, sort_keys=True)
-        os.replace(handle.name, path)
-    except BaseException:
-        Path(handle.name).unlink(missing_ok=True)
-        raise
+    write_json_atomically(path, data)
 
 
 def load(path: str | os.PathLike, *, key: Mapping, classes: Sequence[int], repeats: int) -> list[Probe] | None:
     """The probes of a matching cache file; None when there is none; ``MeasuredCacheError`` when unusable."""
-    path = Path(path)
-    try:
-        if not path.exists():
-            return None
-        if not path.is_file():
-            raise MeasuredCacheError("not a regular file")
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
-        if len(raw) > MAX_BYTES:
-            raise MeasuredCacheError(f"larger than {MAX_BYTES >> 20} MiB")
-        data = json.loads(raw)
-    except MeasuredCacheError:
-        raise
-    except (OSError, ValueError, RecursionError) as error:  # unreadable, not UTF-8, not JSON, nested too deep
-        raise MeasuredCacheError(f"{type(error).__name__}: {error}") from None
+    data = read_json(path, MAX_BYTES, MeasuredCacheError)
+    if data is None:
+        return None
     if not isinstance(data, dict):
         raise MeasuredCacheError("not a JSON object")
     if data.get("schema_version") != SCHEMA_VERSION:

@@ -1,0 +1,50 @@
+"""Small JSON files that must survive a crash or a hostile edit: written atomically, read with a bound.
+
+The CPP profile cache (core/cpp_profile_store.py) and dual stream's measured probes
+(dual_stream/measured_store.py) keep their files through these two functions, so both
+get the same guarantees: a reader never sees half a file, and a file that is too large,
+unreadable, not UTF-8, not JSON or nested too deep is one error of the caller's type.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["read_json", "write_json_atomically"]
+
+
+def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
+    """Write ``data`` as JSON to a temporary file beside ``path``, then rename it into place; OSError if it cannot."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False)
+    try:
+        with handle:
+            json.dump(data, handle, indent=1, sort_keys=True)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: str | os.PathLike, max_bytes: int, error: type[Exception]) -> Any:
+    """The JSON value in ``path``; None when there is no such file; ``error(reason)`` when it cannot be read."""
+    path = Path(path)
+    try:
+        if not path.exists():
+            return None
+        if not path.is_file():
+            raise error("not a regular file")
+        with path.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise error(f"larger than {max_bytes >> 20} MiB")
+        return json.loads(raw)
+    except error:
+        raise
+    except (OSError, ValueError, RecursionError) as failure:  # unreadable, not UTF-8, not JSON, nested too deep
+        raise error(f"{type(failure).__name__}: {failure}") from None

@@ -19,8 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..paths import ROOT
-from ..wheel_target import WheelTarget as Target
+from ..paths import ROOT, assembled_root
 from . import cases as bench_cases
 from . import report
 
@@ -125,7 +124,7 @@ def run_ranks(
     ``PEER_GRACE_S`` after its peer failed (it would wait in a collective the failed rank
     never joins).
     """
-    assembled = ROOT / "build" / Target.host().name
+    assembled = assembled_root()
     if not (assembled / "vllm_ascend" / "__init__.py").exists():
         raise RuntimeError(f"{assembled}/vllm_ascend is not assembled; run 'make assemble' first")
     env = dict(os.environ)

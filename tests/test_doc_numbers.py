@@ -274,6 +274,9 @@ def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
         f"{ds_smoke.MAX_TOKENS} tokens each) with a {ds_smoke.BUDGET}-token budget",
     )
     says("docs/e2e.md", f"`length_threshold` is {ds_smoke.LENGTH_THRESHOLD}, so which steps split")
+    cpp_lens = ds_smoke.CPP_PROMPT_LENS
+    assert len(cpp_lens) == 12 and len(cpp_lens) <= 16  # --max-num-seqs 16: all of them in the batch
+    says("docs/e2e.md", f"that case sends twelve prompts of {min(cpp_lens)} to {max(cpp_lens)} tokens")
     parser = argparse.ArgumentParser()
     ds_bench.add_arguments(parser)
     bench = parser.parse_args([])

@@ -52,6 +52,7 @@ from vllm_ascend.core.cpp_traffic import (
     PROMPT_WEIGHTS,
     Load,
     fixed_chunk_batch_ms,
+    prompt_work_ms,
     queue_wait_ms,
     tuned_fixed_chunk,
 )
@@ -200,10 +201,8 @@ def _prefill_work(
     chunk = rule.chunk_alone_many(histories[None, :, :], targets[:, None, None], fixed_ms, efficient)
     # Only the context can leave no room (at a prompt's very end): every chunk is at least one token.
     chunk = np.minimum(np.maximum(chunk, 1.0), remaining[None, :, None])
-    # The chunk covering position H starts at about H - C/2 (not before the prompt's start):
-    # its time per token is what that stretch of the prompt costs.
-    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    request_ms = (model.request_ms_many(chunk, covering) / chunk @ PROMPT_WEIGHTS) * remaining  # (targets, prefills)
+    # (targets, prefills): each prefill's own work, the time per token of the chunk covering each position
+    request_ms = prompt_work_ms(model, starts[None, :, :], histories[None, :, :], chunk, remaining)
     chunks = ((1.0 / chunk) @ PROMPT_WEIGHTS) * remaining
     largest_ms = np.max(model.request_ms_many(chunk, histories[None, :, :]), axis=2)  # (targets, prefills)
     return request_ms, chunks, largest_ms

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule
+from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 __all__ = [
     "MIN_ARRIVALS",
@@ -34,6 +35,7 @@ __all__ = [
     "Load",
     "Traffic",
     "fixed_chunk_batch_ms",
+    "prompt_work_ms",
     "queue_wait_ms",
     "tuned_fixed_chunk",
 ]
@@ -90,6 +92,17 @@ class Traffic:
         return Load(gaps / ((arrivals[-1] - arrivals[0]) * 1000.0), 1.0 / math.sqrt(gaps), jobs)
 
 
+def prompt_work_ms(
+    model: LatencyModel, starts: np.ndarray, histories: np.ndarray, chunk: np.ndarray, tokens: np.ndarray
+) -> np.ndarray:
+    """A prompt's own time (ms) with ``chunk`` the chunk covering each of its Simpson nodes
+    (``histories``, from ``starts``, over ``tokens``): the time per token of the chunk covering
+    position H, which starts at about H - C/2 (not before the prompt's start), integrated
+    over the prompt. Arrays broadcast; the node axis is the last."""
+    covering = np.maximum(starts, histories - chunk / 2)
+    return (model.request_ms_many(chunk, covering) / chunk @ PROMPT_WEIGHTS) * tokens
+
+
 def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
     """The mean wait of arrivals queueing for jobs of ``service_ms`` (rows: candidates; columns: a
     sample of jobs) at one server (Pollaczek-Khinchine: ``rate E[S^2] / (2 (1 - rate E[S]))``).
@@ -111,11 +124,10 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
     to the cap, a job chunked at that size occupies the pipeline for its own time plus a
     batch's fixed cost per chunk's worth of its tokens (a fixed chunk packs short prompts
-    into one batch); arrivals queue for it
-    (``queue_wait_ms``); of the ``pending`` prefills there now, one waits for half the others
-    on average; the first token comes after the waits, the job's own time and the drain
-    through the other stages. The more load, the more a chunk's tokens per millisecond
-    count against the fill and drain it costs.
+    into one batch); arrivals queue for it (``queue_wait_ms``); of the ``pending`` prefills
+    there now, one waits for half the others on average; the first token comes after the
+    waits, the job's own time and the drain through the other stages. The more load, the
+    more a chunk's tokens per millisecond count against the fill and drain it costs.
     """
     model, limits = rule.model, rule.limits
     sizes = np.array(
@@ -126,8 +138,7 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     tokens = np.array([float(n) for _, n in load.jobs])
     histories = starts + tokens[:, None] * PROMPT_NODES[None, :]
     chunk = np.minimum(sizes[:, None, None], tokens[None, :, None])
-    covering = np.maximum(starts[None, :, :], histories[None, :, :] - chunk / 2)
-    own_ms = (model.request_ms_many(chunk, covering) / chunk @ PROMPT_WEIGHTS) * tokens  # (sizes, jobs)
+    own_ms = prompt_work_ms(model, starts[None, :, :], histories[None, :, :], chunk, tokens)  # (sizes, jobs)
     # A fixed chunk packs prefills into its batches: a job pays the fixed cost per chunk's worth of tokens.
     service_ms = own_ms + fixed_ms * tokens[None, :] / sizes[:, None]
     deepest = np.max(histories[:, -1])

@@ -247,16 +247,16 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
         Every decoding request, in flight or not, counts (the policy applies its share of a batch).
         """
-        waiting = list(itertools.islice(self.waiting, PLAN_LOOKAHEAD))
-        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in waiting[:PLAN_MAX_PREFILLS]])
+        head = itertools.islice(self.waiting, PLAN_MAX_PREFILLS)
+        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in head])
         self._cpp_steps_since_plan += 1
         if key == self._cpp_plan_key:
             return  # the same prefills in the same order (admission moves one from waiting to running)
         if self._cpp_plan_key and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
-        held = []
-        for request in [*running_prefills, *waiting]:
+        held = []  # the queue behind the head is read only when a plan is made, never per step
+        for request in [*running_prefills, *itertools.islice(self.waiting, PLAN_LOOKAHEAD)]:
             history_tokens = request.num_computed_tokens
             remaining_tokens = request.num_tokens - history_tokens
             self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)

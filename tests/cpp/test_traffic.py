@@ -156,9 +156,14 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     bound = fixed_chunk_batch_ms(rule, held, tuned_fixed_chunk(rule, load, fixed_ms, len(held)), fixed_ms)
     low, high = target_bounds(rule, held, fixed_ms)
     alone = plan_target(rule, held, fixed_ms=fixed_ms, load=load).target_ms
-    planned = plan_target(rule, held, fixed_ms=fixed_ms, decoding=16, load=load).target_ms
+    plan = plan_target(rule, held, fixed_ms=fixed_ms, decoding=16, load=load)
+    planned = plan.target_ms
     assert low * (1 - 1e-6) <= planned <= max(low, min(bound, high)) * (1 + 1e-6)
     assert planned <= alone * (1 + 1e-6)  # decodes never lengthen the batches
+    # Nor does any chunk exceed the tuned one, at any history: no batch is longer than its there.
+    tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(held))
+    for history in (0, 2000, 20_000, 70_000):
+        assert rule.wanted_chunk(history, 10**6, plan) <= tuned
 
 
 def test_load_makes_the_planner_value_throughput_on_a_step_bound_device():

@@ -110,6 +110,10 @@ class EfficientChunks:
     def at_many(self, history_tokens: np.ndarray) -> np.ndarray:
         return np.interp(history_tokens, self.history_tokens, self.chunk_tokens)
 
+    def capped(self, chunk_tokens: float) -> EfficientChunks:
+        """The same, never over ``chunk_tokens``."""
+        return EfficientChunks(self.history_tokens, tuple(min(c, float(chunk_tokens)) for c in self.chunk_tokens))
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -29,8 +29,10 @@ token of the prefills the scheduler holds, given P stages:
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the size
    whose predicted mean TTFT under the same load and queue is least: the chunk a user
-   would tune by hand; a fixed chunk packs short prompts into one batch), so decodes
-   wait no longer than under that chunk, and within that bound the planner still
+   would tune by hand; a fixed chunk packs short prompts into one batch), and no chunk
+   is larger than that chunk (the plan's C*(H) is capped by it), so at any history no
+   prefill makes a batch longer than that chunk would there: decodes wait no longer
+   than under it, wherever in a prompt they fall. Within that bound the planner still
    chooses the chunks. It then takes the shortest T whose predicted mean TTFT is within
    ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get much shorter
    for almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
@@ -118,8 +120,10 @@ def plan_target(
         load = Load(load.arrivals_per_ms, load.rate_error, tuple(held))
     if decoding:
         # Decodes wait for every batch: none longer, on average, than the batches the fixed
-        # chunk tuned for this traffic would make of the prefills held and queued.
+        # chunk tuned for this traffic would make of the prefills held and queued, and no
+        # chunk larger than that chunk, so that at any history no batch is longer than its.
         tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(positions))
+        efficient = efficient.capped(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):
             return Plan(high, fixed_ms, efficient)

@@ -262,6 +262,30 @@ def test_a_refunded_first_prefill_lets_the_next_one_be_first():
     assert budget.grant(0, 100_000, 8192) == 512  # preempted first: the next prefill is now the first
 
 
+def test_a_plans_token_budget_bounds_the_prefill_tokens_of_every_batch():
+    """While requests decode the plan carries the tuned fixed chunk as a token budget, as that
+    chunk's batches have: prefills share it, a refund gives tokens back, decodes do not count."""
+    from dataclasses import replace
+
+    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 4)
+    plan = replace(rule.plan(model.time_ms(8192, 0)), batch_tokens=1000)
+    budget = StepBudget(rule, plan)
+    budget.reserve_decodes([("decode", 1, 5000)])
+    budget.charge("decode", 1, 5000)
+    first = budget.grant(0, 50_000, 8192)
+    assert first == 1000  # the whole budget, though the target has room for more
+    budget.charge("first", 600, 0)  # vLLM scheduled less (e.g. its own budget)
+    assert budget.grant(0, 50_000, 8192) == 400
+    budget.charge("second", 400, 0)
+    assert budget.grant(0, 50_000, 8192) == 0
+    budget.charge("first", 300, 0)  # charged again with fewer tokens
+    assert budget.grant(0, 50_000, 8192) == 300
+    budget.refund("second")
+    assert budget.grant(0, 50_000, 8192) == 700
+    assert rule.wanted_chunk(0, 50_000, plan) > 1000  # (the rule alone would take more)
+
+
 @settings(max_examples=30, deadline=None)
 @given(rules(granule=True))
 def test_a_rule_of_any_table_answers_in_range_and_finite(rule):

@@ -164,6 +164,8 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(held))
     for history in (0, 2000, 20_000, 70_000):
         assert rule.wanted_chunk(history, 10**6, plan) <= tuned
+    assert plan.batch_tokens == tuned  # and prefills packed in one batch share that many tokens
+    assert plan_target(rule, held, fixed_ms=fixed_ms, load=load).batch_tokens == math.inf  # none without decodes
 
 
 def test_load_makes_the_planner_value_throughput_on_a_step_bound_device():

@@ -117,11 +117,13 @@ class EfficientChunks:
 
 @dataclass(frozen=True)
 class Plan:
-    """The batch-time target and what it was planned with: each batch's fixed cost and C*(H) for it."""
+    """The batch-time target and what it was planned with: each batch's fixed cost and C*(H) for
+    it; and the most prefill tokens one batch takes (a token budget, as a fixed chunk's)."""
 
     target_ms: float
     fixed_ms: float
     efficient: EfficientChunks
+    batch_tokens: float = math.inf
 
 
 class ChunkRule:
@@ -293,6 +295,7 @@ class StepBudget:
         # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
         self.charged: dict[str, tuple[int, int, float]] = {}
         self.prefills: set[str] = set()
+        self.prefill_tokens = 0  # tokens charged to prefills in this step
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
@@ -330,7 +333,7 @@ class StepBudget:
             chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
             if not self.charged:
                 chunk = max(chunk, wanted)
-        return max(0, min(chunk, allowed_tokens))
+        return max(0, min(chunk, allowed_tokens, self.plan.batch_tokens - self.prefill_tokens))
 
     def charge(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
         """A request is in the batch with ``new_tokens``: count its cost.
@@ -345,8 +348,12 @@ class StepBudget:
                 return
             self.used_ms -= previous[2]
             self.charged_ms -= previous[2]
+            if request_id in self.prefills:
+                self.prefill_tokens -= previous[0]
         else:
             self.prefills.add(request_id)
+        if request_id in self.prefills:
+            self.prefill_tokens += new_tokens
         cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
         self.used_ms += cost_ms
         self.charged_ms += cost_ms
@@ -358,6 +365,8 @@ class StepBudget:
         if charged is not None:
             self.used_ms -= charged[2]
             self.charged_ms -= charged[2]
+            if request_id in self.prefills:
+                self.prefill_tokens -= charged[0]
         self.prefills.discard(request_id)
 
     def settle(self, scheduled: Collection[str]) -> None:

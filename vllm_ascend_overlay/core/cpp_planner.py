@@ -29,10 +29,11 @@ token of the prefills the scheduler holds, given P stages:
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the size
    whose predicted mean TTFT under the same load and queue is least: the chunk a user
-   would tune by hand; a fixed chunk packs short prompts into one batch), and no chunk
-   is larger than that chunk (the plan's C*(H) is capped by it), so at any history no
-   prefill makes a batch longer than that chunk would there: decodes wait no longer
-   than under it, wherever in a prompt they fall. Within that bound the planner still
+   would tune by hand; a fixed chunk packs short prompts into one batch), no chunk is
+   larger than that chunk (the plan's C*(H) is capped by it) and the prefills of one
+   batch share that many tokens (``Plan.batch_tokens``), so at any history no batch is
+   longer than that chunk's would be there: decodes wait no longer than under it,
+   wherever in a prompt they fall. Within that bound the planner still
    chooses the chunks. It then takes the shortest T whose predicted mean TTFT is within
    ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get much shorter
    for almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
@@ -118,20 +119,21 @@ def plan_target(
         return Plan(high, fixed_ms, efficient)
     if not load.jobs:
         load = Load(load.arrivals_per_ms, load.rate_error, tuple(held))
+    batch_tokens = math.inf
     if decoding:
         # Decodes wait for every batch: none longer, on average, than the batches the fixed
         # chunk tuned for this traffic would make of the prefills held and queued, and no
         # chunk larger than that chunk, so that at any history no batch is longer than its.
         tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(positions))
-        efficient = efficient.capped(tuned)
+        efficient, batch_tokens = efficient.capped(tuned), int(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):
-            return Plan(high, fixed_ms, efficient)
+            return Plan(high, fixed_ms, efficient, batch_tokens)
     candidates = low * (high / low) ** _GRID_STEPS
     costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load, queued)
     best = int(np.argmin(costs))
     if not np.isfinite(costs[best]):
-        return Plan(high, fixed_ms, efficient)
+        return Plan(high, fixed_ms, efficient, batch_tokens)
     # Refine between the neighbours of the best candidate.
     lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
     fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
@@ -147,7 +149,7 @@ def plan_target(
     # Decodes ride in these batches and wait for each one: take the shortest batch whose
     # predicted mean TTFT is within DECODE_SLACK of the best target's.
     shorter = (candidates <= candidates[best]) & (costs <= costs[best] * (1.0 + DECODE_SLACK))
-    return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient)
+    return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient, batch_tokens)
 
 
 def mean_ttft(

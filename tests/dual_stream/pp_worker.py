@@ -33,7 +33,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from dual_stream.rank_model import BLOCK_SIZE, NUM_BLOCKS, build_rank_model, init_weights  # noqa: E402
+from dual_stream.rank_model import (  # noqa: E402
+    BLOCK_SIZE,
+    NUM_BLOCKS,
+    batch_context,
+    build_rank_model,
+    init_weights,
+)
 from dual_stream.tp_worker import scenarios  # noqa: E402
 
 TP = 2
@@ -48,9 +54,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
     started = time.monotonic()
     results: dict = {"rank": rank, "runs": [], "errors": []}
     try:
-        from vllm.config import set_current_vllm_config
         from vllm.distributed import get_pp_group, get_tp_group
-        from vllm.forward_context import set_forward_context
         from vllm.sequence import IntermediateTensors
         from vllm_ascend.dual_stream.config import DualStreamConfig
 
@@ -82,15 +86,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
             for attn, cache in zip(layers, history, strict=True):
                 attn.kv_cache = cache.clone()
             before = model.dual_stream_batches
-            with (
-                set_current_vllm_config(vllm_config),
-                set_forward_context(
-                    {a.layer_name: metadata for a in layers},
-                    vllm_config,
-                    slot_mapping={a.layer_name: metadata.slot_mapping for a in layers},
-                ),
-                torch.no_grad(),
-            ):
+            with batch_context(vllm_config, layers, metadata):
                 out = model(input_ids if pp.is_first_rank else None, positions, intermediate)
             caches = [a.kv_cache.clone() for a in layers]
             return out, caches, model.dual_stream_batches > before

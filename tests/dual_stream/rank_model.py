@@ -10,6 +10,8 @@ batch. ``init_weights`` draws the same weights for a parameter name on every run
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -123,3 +125,20 @@ def init_weights(model: nn.Module) -> None:
                 param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
             else:
                 param.copy_(0.08 * torch.randn(param.shape, generator=gen))
+
+
+@contextlib.contextmanager
+def batch_context(vllm_config, layers, metadata):
+    """What one forward of a batch runs in: ``vllm_config``, a forward context giving every
+    attention layer of ``layers`` ``metadata`` and its slot mapping, and no autograd."""
+    from vllm.config import set_current_vllm_config
+    from vllm.forward_context import set_forward_context
+
+    per_layer = {a.layer_name: metadata for a in layers}
+    slots = {a.layer_name: metadata.slot_mapping for a in layers}
+    with (
+        set_current_vllm_config(vllm_config),
+        set_forward_context(per_layer, vllm_config, slot_mapping=slots),
+        torch.no_grad(),
+    ):
+        yield

@@ -40,6 +40,7 @@ import torch.distributed as dist  # noqa: E402
 from dual_stream.rank_model import (  # noqa: E402
     BLOCK_SIZE,
     NUM_BLOCKS,
+    batch_context,
     build_rank_model,
     init_weights,
 )
@@ -67,7 +68,6 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         import vllm.model_executor.models.qwen3 as vllm_qwen3
         from vllm.config import set_current_vllm_config
         from vllm.distributed import get_tp_group
-        from vllm.forward_context import set_forward_context
         from vllm_ascend.dual_stream import schedule
         from vllm_ascend.dual_stream.config import DualStreamConfig
 
@@ -94,16 +94,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
             patch = contextlib.nullcontext()
             if mutate:  # the name of the schedule's wait to remove
                 patch = _patched(schedule, mutate, lambda *a, **k: None)
-            with (
-                set_current_vllm_config(vllm_config),
-                set_forward_context(
-                    {a.layer_name: metadata for a in layers},
-                    vllm_config,
-                    slot_mapping={a.layer_name: metadata.slot_mapping for a in layers},
-                ),
-                patch,
-                torch.no_grad(),
-            ):
+            with batch_context(vllm_config, layers, metadata), patch:
                 out = target(input_ids, positions)
             return out, [a.kv_cache.clone() for a in layers]
 

@@ -343,16 +343,17 @@ class StepBudget:
         decode is a prefill.
         """
         previous = self.charged.get(request_id)
+        prefill = previous is None or request_id in self.prefills
         if previous is not None:
             if previous[0] == new_tokens and previous[1] == history_tokens:
                 return
             self.used_ms -= previous[2]
             self.charged_ms -= previous[2]
-            if request_id in self.prefills:
+            if prefill:
                 self.prefill_tokens -= previous[0]
         else:
             self.prefills.add(request_id)
-        if request_id in self.prefills:
+        if prefill:
             self.prefill_tokens += new_tokens
         cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
         self.used_ms += cost_ms

@@ -130,16 +130,16 @@ def plan_target(
         if high <= low * (1.0 + 1e-6):
             return Plan(high, fixed_ms, efficient, batch_tokens)
     candidates = low * (high / low) ** _GRID_STEPS
-    costs, work = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load, queued)
+    costs, _ = predicted_ttft_ms(rule, held, candidates, fixed_ms, inflight_ms, efficient, load, queued)
     best = int(np.argmin(costs))
     if not np.isfinite(costs[best]):
         return Plan(high, fixed_ms, efficient, batch_tokens)
     # Refine between the neighbours of the best candidate.
     lo_index, hi_index = max(best - 1, 0), min(best + 1, len(candidates) - 1)
     fine = candidates[lo_index] * (candidates[hi_index] / candidates[lo_index]) ** _GRID_STEPS
-    fine_costs, fine_work = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, load, queued)
+    fine_costs, _ = predicted_ttft_ms(rule, held, fine, fixed_ms, inflight_ms, efficient, load, queued)
     candidates = np.concatenate([candidates, fine])
-    costs, work = np.concatenate([costs, fine_costs]), np.concatenate([work, fine_work])
+    costs = np.concatenate([costs, fine_costs])
     best = int(np.argmin(costs))
     if not decoding and not queued[0]:  # (the chunk-by-chunk check sees the held prefills alone)
         target = _refine_for_few_chunks(

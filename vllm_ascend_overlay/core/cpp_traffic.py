@@ -5,8 +5,9 @@
   rate over the latest arrivals, its relative standard error, and those sizes as the
   sample of what arrives.
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
-- ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
-  under that load is least (the chunk a user would tune by hand), and
+- ``fixed_chunk_ttft_ms``: the mean TTFT a fixed chunk of each profiled size would give under
+  that load; ``tuned_fixed_chunk``: the size where it is least (the chunk a user would tune
+  by hand), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
 
@@ -35,6 +36,7 @@ __all__ = [
     "Load",
     "Traffic",
     "fixed_chunk_batch_ms",
+    "fixed_chunk_ttft_ms",
     "prompt_work_ms",
     "queue_wait_ms",
     "tuned_fixed_chunk",
@@ -119,15 +121,26 @@ def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
 
 
 def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> float:
-    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
+    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT
+    (``fixed_chunk_ttft_ms``)."""
+    sizes, ttft_ms = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending)
+    return float(sizes[int(np.argmin(ttft_ms))])
+
+
+def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """The profiled sizes from the floor to the cap, and the mean TTFT predicted for each as a fixed chunk.
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
-    to the cap, a job chunked at that size occupies the pipeline for its own time plus a
-    batch's fixed cost per chunk's worth of its tokens (a fixed chunk packs short prompts
-    into one batch); arrivals queue for it (``queue_wait_ms``); of the ``pending`` prefills
-    there now, one waits for half the others on average; the first token comes after the
-    waits, the job's own time and the drain through the other stages. The more load, the
-    more a chunk's tokens per millisecond count against the fill and drain it costs.
+    to the cap, a job chunked at that size takes its own time plus a batch's fixed cost per
+    chunk's worth of its tokens (a fixed chunk packs short prompts into one batch), and its
+    first token comes P - 1 of its last batches later (the drain). The engine keeps at most
+    P batches in flight, so where the batches shorten at a job's end the next job's batches
+    restart behind its last one and pay their own rise to their deepest batch again: in a
+    busy pipeline a job holds it for its time plus P - 1 times the rise from a job's first
+    batch to its last. Arrivals queue for that (``queue_wait_ms``); of the ``pending``
+    prefills there now, one waits for half the others on average. The more load, the more
+    a chunk's tokens per millisecond count against the fill and drain it costs, and the
+    more a large chunk's rise at depth, paid once per job, counts against it.
     """
     model, limits = rule.model, rule.limits
     sizes = np.array(
@@ -140,11 +153,13 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     chunk = np.minimum(sizes[:, None, None], tokens[None, :, None])
     own_ms = prompt_work_ms(model, starts[None, :, :], histories[None, :, :], chunk, tokens)  # (sizes, jobs)
     # A fixed chunk packs prefills into its batches: a job pays the fixed cost per chunk's worth of tokens.
-    service_ms = own_ms + fixed_ms * tokens[None, :] / sizes[:, None]
-    deepest = np.max(histories[:, -1])
-    drain_ms = (rule.num_stages - 1) * (fixed_ms + model.request_ms_many(np.minimum(sizes, tokens.max()), deepest))
-    ttft_ms = queue_wait_ms(load, service_ms) + service_ms.mean(axis=1) * (max(1, pending) + 1) / 2 + drain_ms
-    return float(sizes[int(np.argmin(ttft_ms))])
+    work_ms = own_ms + fixed_ms * tokens[None, :] / sizes[:, None]
+    first_ms = fixed_ms + model.request_ms_many(chunk[:, :, 0], starts[None, :, 0])  # (sizes, jobs)
+    last_ms = fixed_ms + model.request_ms_many(chunk[:, :, 0], histories[None, :, -1] - chunk[:, :, 0])
+    stalls = rule.num_stages - 1
+    held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
+    alone_ms = (work_ms + stalls * last_ms).mean(axis=1)
+    return sizes, queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
 
 
 def fixed_chunk_batch_ms(

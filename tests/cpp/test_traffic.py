@@ -146,21 +146,6 @@ def test_the_fixed_chunk_batch_time_is_the_mean_over_its_full_batches(truth, chu
     assert fixed_chunk_batch_ms(rule, held, chunk, 7.0) == pytest.approx(exact, rel=0.03)
 
 
-def fixed_chunk_mean_ttft_ms(rule, held, chunk, fixed_ms):
-    """The held prompts' mean TTFT under a fixed chunk, batch by batch through P stages with at
-    most P batches in flight (``pipeline_done_ms``): a prompt's first token comes when the batch
-    holding its last token leaves the last stage."""
-    from vllm_ascend.core.cpp_planner import pipeline_done_ms
-
-    batches = packed_batches(held, chunk)
-    done = pipeline_done_ms([fixed_ms + sum(rule.model.request_ms(t, h) for t, h in b) for b in batches], rule.num_stages)
-    ends, tokens = [], 0
-    for history, remaining in held:
-        tokens += remaining
-        ends.append(next(i for i, b in enumerate(np.cumsum([sum(t for t, _ in b) for b in batches])) if b >= tokens))
-    return float(np.mean([done[i] for i in ends]))
-
-
 def fixed_chunk_served_ttft_ms(rule, prompts, arrivals_ms, chunk, fixed_ms):
     """Prompts arriving at ``arrivals_ms`` under a fixed chunk, as vLLM's engine serves them: a batch
     starts when the first stage is free and the batch P places ahead has left the last (at most P

@@ -127,7 +127,9 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     return float(sizes[int(np.argmin(ttft_ms))])
 
 
-def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> tuple[np.ndarray, np.ndarray]:
+def fixed_chunk_ttft_ms(
+    rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
     """The profiled sizes from the floor to the cap, and the mean TTFT predicted for each as a fixed chunk.
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor

@@ -5,9 +5,8 @@
   rate over the latest arrivals, its relative standard error, and those sizes as the
   sample of what arrives.
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
-- ``fixed_chunk_ttft_ms``: the mean TTFT a fixed chunk of each profiled size would give under
-  that load; ``tuned_fixed_chunk``: the size where it is least (the chunk a user would tune
-  by hand), and
+- ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
+  under that load is least (the chunk a user would tune by hand), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
 
@@ -36,7 +35,6 @@ __all__ = [
     "Load",
     "Traffic",
     "fixed_chunk_batch_ms",
-    "fixed_chunk_ttft_ms",
     "prompt_work_ms",
     "queue_wait_ms",
     "tuned_fixed_chunk",
@@ -121,16 +119,7 @@ def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
 
 
 def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> float:
-    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT
-    (``fixed_chunk_ttft_ms``)."""
-    sizes, ttft_ms = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending)
-    return float(sizes[int(np.argmin(ttft_ms))])
-
-
-def fixed_chunk_ttft_ms(
-    rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1
-) -> tuple[np.ndarray, np.ndarray]:
-    """The profiled sizes from the floor to the cap, and the mean TTFT predicted for each as a fixed chunk.
+    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
     to the cap, a job chunked at that size takes its own time plus a batch's fixed cost per
@@ -161,7 +150,8 @@ def fixed_chunk_ttft_ms(
     stalls = rule.num_stages - 1
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)
-    return sizes, queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
+    ttft_ms = queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
+    return float(sizes[int(np.argmin(ttft_ms))])
 
 
 def fixed_chunk_batch_ms(

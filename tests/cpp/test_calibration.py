@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from cpp_samples import TRUE, measured_model
+from cpp_samples import NPU_LIKE, TRUE, measured_model
 from vllm_ascend.core.cpp_calibration import MIN_WINDOW, OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 
@@ -96,3 +96,52 @@ def test_steps_that_are_not_measurements_are_ignored(pairs, measured_ms):
     calib = calibration()
     assert calib.record(pairs, measured_ms) is None
     assert len(calib.window) == 0
+
+
+NPU_PROFILED = measured_model(NPU_LIKE, noise=0.0)  # a fixed cost that dominates
+
+
+def per_request_truth(floor_ms, profiled=NPU_PROFILED):
+    """A device on which every request in a step costs at least ``floor_ms`` (a tile, a kernel per
+    sequence): a step alone costs what the profile measured, a step of n requests (n - 1) floors more."""
+
+    def truth_ms(pairs):
+        return profiled.batch_time_ms(pairs) + floor_ms * (len(pairs) - 1)
+
+    return truth_ms
+
+
+@pytest.mark.parametrize("share", [0.5, 0.1])
+def test_what_every_request_costs_at_least_is_learned_from_steps_of_several_requests(share):
+    """The profile times one request per step, so its fixed cost holds what a step pays once and
+    what each request pays at least; steps carrying decodes tell the two apart, even where the
+    model is off by less than a grid correction would chase (share 0.1)."""
+    floor_ms = share * NPU_PROFILED.fixed_ms
+    truth = per_request_truth(floor_ms)
+    calib = OnlineCalibration(NPU_PROFILED, window_size=30, refit_every=8, max_shift=0.25)
+    for pairs, ms in mixed_steps(truth, 40, noise=0.002):
+        calib.record(pairs, ms)
+    assert calib.refits_adopted >= 1
+    assert calib.model.fixed_ms == pytest.approx(NPU_PROFILED.fixed_ms - floor_ms, rel=0.05)
+    assert calib.window_error(calib.model) < 0.5 * calib.window_error(NPU_PROFILED)
+    # A prefill chunk with seven decodes: the decodes' floors are in the prediction now.
+    step = [(2048, 20_000)] + [(1, 30_000)] * 7
+    assert calib.model.batch_time_ms(step) == pytest.approx(truth(step), rel=0.01)
+    assert NPU_PROFILED.batch_time_ms(step) < (1 - 0.6 * share) * truth(step)
+
+
+@pytest.mark.parametrize("slower", [1.0, 1.2])
+def test_the_fixed_cost_stays_whole_where_requests_cost_nothing_more(slower):
+    calib = OnlineCalibration(NPU_PROFILED, window_size=30)
+    for pairs, ms in mixed_steps(lambda pairs: slower * NPU_PROFILED.batch_time_ms(pairs), 30, noise=0.0):
+        calib.record(pairs, ms)
+    assert calib.shared_fixed_ms(NPU_PROFILED) == pytest.approx(NPU_PROFILED.fixed_ms, rel=1e-6)
+
+
+def test_steps_of_one_request_each_leave_the_split_as_profiled():
+    calib = OnlineCalibration(NPU_PROFILED, window_size=30)
+    for index in range(20):
+        pairs = [(512 * (1 + index % 8), 1000 * index)]
+        calib.record(pairs, NPU_PROFILED.batch_time_ms(pairs) * 1.1)
+    assert calib.shared_fixed_ms(NPU_PROFILED) == NPU_PROFILED.fixed_ms
+    assert calib.split() is calib.model

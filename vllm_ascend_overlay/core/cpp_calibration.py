@@ -7,17 +7,22 @@ quantity the profile measures) go into a window of the last ``window_size``. Eve
 (mean relative error) on the window, a corrected table is made from each step's error,
 log(measured / predicted):
 
-1. the whole table moves by the median error, when the window's steps differ in size or
+1. the fixed cost is split into what a step pays once and what each request pays at
+   least, from steps of different request counts (``shared_fixed_ms``): the profile
+   times one request per step and cannot tell the two apart;
+2. the whole table moves by the median error, when the window's steps differ in size or
    history by at least ``MIN_WINDOW_SPREAD`` (a device slower than its profile, as real
    data often makes it): steps of about one size cannot speak for the whole table;
-2. what is left of each step's error is laid on the four grid points around its largest
+3. what is left of each step's error is laid on the four grid points around its largest
    request (bilinear weights in log C and H), and every grid point moves by the weighted
    mean of what it received, shrunk towards no change by ``PRIOR_WEIGHT`` steps' worth
    of trust in the profile.
 
 Every point moves by at most ``max_shift``, and the table is made monotone again. So a
 series of odd steps (health checks) moves only the few points around them. The
-corrected table is adopted only if it halves the current model's error on the window.
+corrected table is adopted only if it halves the current model's error on the window;
+within ``CALIBRATED_ERROR`` only the split is tried (a correction of grid points could
+only chase noise there).
 Pure Python and numpy: no vLLM, no I/O.
 """
 
@@ -90,9 +95,42 @@ class OnlineCalibration:
         errors = [abs(model.batch_time_ms(row.pairs) / row.measured_ms - 1.0) for row in self.window]
         return float(np.mean(errors)) if errors else 0.0
 
-    def corrected(self) -> LatencyModel:
-        """The current model with its grid points moved by the window's errors (see the module docstring)."""
+    def shared_fixed_ms(self, model: LatencyModel) -> float:
+        """The part of ``model.fixed_ms`` the window's steps pay once, not once per request.
+
+        The profile times one request per step, so what a step costs once and what every
+        request costs at least (a tile of its own, a kernel launch per sequence) add up
+        to its fixed cost and cannot be told apart there. Steps of several requests tell
+        them apart: fit ``measured = g * (predicted + f * (requests - 1))`` (least squares
+        on relative errors; g absorbs a device slower or faster than its profile) and
+        move f from the step's fixed cost to every request's own cost. Without steps of
+        different request counts the split stays as it is.
+        """
+        extra = np.array([len(row.pairs) - 1 for row in self.window], dtype=np.float64)
+        if len(set(extra.tolist())) < 2:
+            return model.fixed_ms
+        measured = np.array([row.measured_ms for row in self.window])
+        predicted = np.array([model.batch_time_ms(row.pairs) for row in self.window])
+        design = np.column_stack([predicted / measured, extra / measured])
+        (scale, per_request), *_ = np.linalg.lstsq(design, np.ones_like(measured), rcond=None)
+        if not (scale > 0 and math.isfinite(per_request)):
+            return model.fixed_ms
+        return min(max(model.fixed_ms - per_request / scale, 0.0), model.step_ms[0][0])
+
+    def split(self) -> LatencyModel:
+        """The current model with its fixed cost split as the window shows (``shared_fixed_ms``)."""
         model = self.model
+        fixed_ms = self.shared_fixed_ms(model)
+        if fixed_ms == model.fixed_ms:
+            return model
+        return LatencyModel(
+            model.chunk_tokens, model.history_tokens, model.step_ms, fixed_ms,
+            scatter=model.scatter, num_points=model.num_points,
+        )  # fmt: skip
+
+    def corrected(self) -> LatencyModel:
+        """The current model with its fixed cost split and its grid points moved by the window's errors."""
+        model = self.split()
         nodes = np.log(np.array(model.chunk_tokens, dtype=np.float64))
         levels = np.array(model.history_tokens, dtype=np.float64)
         evidence = np.zeros((len(levels), len(nodes)))
@@ -138,9 +176,11 @@ class OnlineCalibration:
 
     def _refit(self) -> LatencyModel | None:
         current_error = self.window_error(self.model)
-        if current_error <= CALIBRATED_ERROR:
-            return None  # the model already predicts these steps: a correction could only chase noise
-        candidate = self.corrected()
+        # Within CALIBRATED_ERROR moving grid points could only chase noise; the split, one
+        # number fitted over every step of the window, is still taken if it halves the error.
+        candidate = self.corrected() if current_error > CALIBRATED_ERROR else self.split()
+        if candidate is self.model:
+            return None
         error = self.window_error(candidate)
         if not error <= current_error / 2:
             logger.debug(

@@ -271,6 +271,20 @@ def test_prefix_cache_hit_is_charged_its_true_history(tmp_path, profiled):
     assert rule.model.time_ms(chunk, history_tokens) <= plan.target_ms * (1 + TAIL_TOLERANCE)
 
 
+def test_a_waiting_prompt_is_planned_from_its_prefix_cache_hit(tmp_path, profiled):
+    """A plan made while a prompt waits sees where admission will start it: after its cache hit."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+    shared = list(range(1, 4097))
+    helpers.run_to_completion(scheduler, [(0, helpers.make_request("first", shared + [9], max_tokens=1))])
+    rule_cls = type(scheduler.cpp_rule)
+    scheduler.add_request(helpers.make_request("hit", shared + list(range(5000, 5500)), max_tokens=1))
+    scheduler.add_request(request("cold", 700, 1, start=20_000))
+    with mock.patch.object(rule_cls, "plan_target", autospec=True, side_effect=rule_cls.plan_target) as plan:
+        scheduler.schedule()
+    held = plan.call_args_list[0].args[1]
+    assert held[:2] == [(4096, 500), (0, 700)]
+
+
 def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
     """With little time left, the first waiting request takes what fits; a smaller one behind it waits."""
     scheduler = cached_scheduler(tmp_path, profiled, tail_tolerance=0.0)

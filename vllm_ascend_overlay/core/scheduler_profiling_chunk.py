@@ -18,7 +18,8 @@ only the bookkeeping:
   waiting holds decodes only and is not sized (nor looked at per request);
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
   prefills changes (an arrival, a prompt finished, a preemption), from the prefills in
-  FCFS order, the decodes' share of a batch and the largest batch still in flight;
+  FCFS order (a waiting one from its prefix-cache hit, looked up as admission will),
+  the decodes' share of a batch and the largest batch still in flight;
 - timing: a step that holds a prefill chunk is marked for timing
   (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
   timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
@@ -28,13 +29,11 @@ only the bookkeeping:
   would have done, one warning names the fault, and CPP is off for the rest of the
   process (vLLM's own loop from the next step).
 
-Driving it without an engine (tests, the pipeline twin): construct it like any vLLM
-scheduler, call ``run_profiling_chunk_init(executor)`` once, where
-``executor.collective_rpc("profile_prefill_latency", args=(chunk_tokens,
-history_tokens))`` returns per-worker latencies in ms (or pass ``measure=fn``), then
-alternate ``schedule()`` and ``update_from_output(output, model_runner_output)``.
-``planned_batch(output)`` gives a step's (chunk_tokens, history_tokens) pairs and
-predicted time until its model output is back.
+Without an engine (tests, the twin): construct it like any vLLM scheduler, call
+``run_profiling_chunk_init(executor)`` once (``executor.collective_rpc("profile_prefill_latency",
+args=(chunk_tokens, history_tokens))`` returns per-worker ms; or pass ``measure=fn``), then
+alternate ``schedule()`` and ``update_from_output(output, model_runner_output)``;
+``planned_batch(output)`` is a step's pairs and predicted time until its output is back.
 """
 
 from __future__ import annotations
@@ -256,8 +255,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
         held = []  # the queue behind the head is read only when a plan is made, never per step
-        for request in [*running_prefills, *itertools.islice(self.waiting, PLAN_LOOKAHEAD)]:
+        for index, request in enumerate([*running_prefills, *itertools.islice(self.waiting, PLAN_LOOKAHEAD)]):
             history_tokens = request.num_computed_tokens
+            if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
+                history_tokens = self._prefix_hit_tokens(request)
             remaining_tokens = request.num_tokens - history_tokens
             self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
             held.append((history_tokens, remaining_tokens))
@@ -272,6 +273,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_plan_shape = shape
         plan = self.cpp_policy.replan(held, decoding)
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
+
+    def _prefix_hit_tokens(self, request: Any) -> int:
+        """Tokens of a waiting prompt the prefix cache holds: a lookup, as admission makes it, nothing held."""
+        manager = self.kv_cache_manager
+        if not getattr(manager, "enable_caching", False) or getattr(request, "skip_reading_prefix_cache", False):
+            return 0
+        return int(manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
@@ -388,6 +396,4 @@ class ProfilingChunkScheduler(BalanceScheduler):
 class AsyncProfilingChunkScheduler(ProfilingChunkScheduler, AsyncScheduler):
     """The same policy under vLLM's asynchronous scheduling (decodes carry output placeholders).
 
-    core/cpp_config.py picks this class when ``async_scheduling`` is on, so turning CPP on
-    does not silently turn asynchronous scheduling off.
-    """
+    core/cpp_config.py picks it when ``async_scheduling`` is on: CPP does not turn that off."""

@@ -111,7 +111,7 @@ def per_request_truth(floor_ms, profiled=NPU_PROFILED):
     return truth_ms
 
 
-@pytest.mark.parametrize("share", [0.5, 0.1])
+@pytest.mark.parametrize("share", [0.4, 0.1])
 def test_what_every_request_costs_at_least_is_learned_from_steps_of_several_requests(share):
     """The profile times one request per step, so its fixed cost holds what a step pays once and
     what each request pays at least; steps carrying decodes tell the two apart, even where the
@@ -136,6 +136,26 @@ def test_the_fixed_cost_stays_whole_where_requests_cost_nothing_more(slower):
     for pairs, ms in mixed_steps(lambda pairs: slower * NPU_PROFILED.batch_time_ms(pairs), 30, noise=0.0):
         calib.record(pairs, ms)
     assert calib.shared_fixed_ms(NPU_PROFILED) == pytest.approx(NPU_PROFILED.fixed_ms, rel=1e-6)
+
+
+def test_one_odd_step_or_deeper_decodes_never_split_the_fixed_cost():
+    """A single slow step of two requests in a window of single ones, or decodes that cost more at
+    depth than profiled (no floor at all): neither moves the fixed cost."""
+    calib = OnlineCalibration(NPU_PROFILED, window_size=30)
+    for index in range(29):
+        pairs = [(512 * (1 + index % 8), 1000 * index)]
+        calib.record(pairs, NPU_PROFILED.batch_time_ms(pairs))
+    calib.record([(2048, 8000), (1, 9000)], 1.3 * NPU_PROFILED.batch_time_ms([(2048, 8000), (1, 9000)]))
+    assert calib.shared_fixed_ms(NPU_PROFILED) == NPU_PROFILED.fixed_ms
+
+    def deeper_decodes_ms(pairs):  # each decode's attention over its history costs 3x the profile
+        decodes = sum(NPU_PROFILED.request_ms(c, h) - NPU_PROFILED.request_ms(c, 0) for c, h in pairs if c == 1)
+        return NPU_PROFILED.batch_time_ms(pairs) + 2.0 * decodes
+
+    calib = OnlineCalibration(NPU_PROFILED, window_size=30)
+    for pairs, ms in mixed_steps(deeper_decodes_ms, 30, noise=0.0):
+        calib.record(pairs, ms)
+    assert calib.shared_fixed_ms(NPU_PROFILED) == pytest.approx(NPU_PROFILED.fixed_ms, rel=0.05)
 
 
 def test_steps_of_one_request_each_leave_the_split_as_profiled():

@@ -283,6 +283,7 @@ def test_a_waiting_prompt_is_planned_from_its_prefix_cache_hit(tmp_path, profile
         scheduler.schedule()
     held = plan.call_args_list[0].args[1]
     assert held[:2] == [(4096, 500), (0, 700)]
+    assert scheduler.cpp_policy.traffic.load().jobs[-2:] == ((4096, 500), (0, 700))  # sizes without the hit
 
 
 def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):

@@ -44,7 +44,15 @@ CALIBRATED_ERROR = 0.05  # a model within this mean error on the window is not c
 PRIOR_WEIGHT = 2.0  # a grid point trusts its profiled value as much as this many steps
 MIN_WINDOW_SPREAD = 2.0  # the whole table moves only on steps whose sizes or histories differ by this factor
 MIN_WINDOW = 8  # steps in the window before the first correction
+MIN_SPLIT_STEPS = 4  # steps of another request count than the window's usual one before the fixed cost is split
+MAX_SPLIT_FACTOR = 2.0  # one refit moves the fixed cost by at most this factor
 MAX_WINDOW = 4096
+
+
+def _other_history(model: LatencyModel, pairs: Sequence[tuple[int, int]]) -> float:
+    """The history a step's requests other than its costliest one attend to (tokens)."""
+    largest = max(pairs, key=lambda pair: model.request_ms(*pair))
+    return float(sum(history for _, history in pairs) - largest[1])
 
 
 @dataclass(frozen=True)
@@ -103,19 +111,29 @@ class OnlineCalibration:
         to its fixed cost and cannot be told apart there. Steps of several requests tell
         them apart: fit ``measured = g * (predicted + f * (requests - 1))`` (least squares
         on relative errors; g absorbs a device slower or faster than its profile) and
-        move f from the step's fixed cost to every request's own cost. Without steps of
-        different request counts the split stays as it is.
+        move f from the step's fixed cost to every request's own cost. The history the
+        other requests attend to rises with their count, so it has its own term (an error
+        in what decodes cost at depth is not a floor). The split stays as it is unless at
+        least ``MIN_SPLIT_STEPS`` steps differ in request count from the window's most
+        common one (one odd step cannot set it), and one refit moves the fixed cost by at
+        most a factor ``MAX_SPLIT_FACTOR``.
         """
         extra = np.array([len(row.pairs) - 1 for row in self.window], dtype=np.float64)
-        if len(set(extra.tolist())) < 2:
+        counts = np.unique(extra, return_counts=True)[1]
+        if len(counts) < 2 or len(extra) - counts.max() < MIN_SPLIT_STEPS:
             return model.fixed_ms
         measured = np.array([row.measured_ms for row in self.window])
         predicted = np.array([model.batch_time_ms(row.pairs) for row in self.window])
-        design = np.column_stack([predicted / measured, extra / measured])
-        (scale, per_request), *_ = np.linalg.lstsq(design, np.ones_like(measured), rcond=None)
+        depth = np.array([_other_history(model, row.pairs) for row in self.window]) / 1000.0
+        design = np.column_stack([predicted / measured, extra / measured, depth / measured])
+        (scale, per_request, _), *_ = np.linalg.lstsq(design, np.ones_like(measured), rcond=None)
         if not (scale > 0 and math.isfinite(per_request)):
             return model.fixed_ms
-        return min(max(model.fixed_ms - per_request / scale, 0.0), model.step_ms[0][0])
+        fixed_ms = min(
+            max(model.fixed_ms - per_request / scale, model.fixed_ms / MAX_SPLIT_FACTOR),
+            model.fixed_ms * MAX_SPLIT_FACTOR,
+        )
+        return min(max(fixed_ms, 0.0), model.step_ms[0][0])
 
     def split(self) -> LatencyModel:
         """The current model with its fixed cost split as the window shows (``shared_fixed_ms``)."""

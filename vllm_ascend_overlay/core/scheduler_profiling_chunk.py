@@ -260,7 +260,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
                 history_tokens = self._prefix_hit_tokens(request)
             remaining_tokens = request.num_tokens - history_tokens
-            self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
+            if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):  # sizes with their cache hits out
+                self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
             held.append((history_tokens, remaining_tokens))
         if not held:
             return

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from vllm_ascend.core.cpp_latency_model import LatencyModel, batch_features, monotone_grid
@@ -49,10 +49,14 @@ MAX_SPLIT_FACTOR = 2.0  # one refit moves the fixed cost by at most this factor
 MAX_WINDOW = 4096
 
 
+def _costliest(model: LatencyModel, pairs: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """A step's request of the largest own cost: the one its error is laid on."""
+    return max(pairs, key=lambda pair: model.request_ms(*pair))
+
+
 def _other_history(model: LatencyModel, pairs: Sequence[tuple[int, int]]) -> float:
     """The history a step's requests other than its costliest one attend to (tokens)."""
-    largest = max(pairs, key=lambda pair: model.request_ms(*pair))
-    return float(sum(history for _, history in pairs) - largest[1])
+    return float(sum(history for _, history in pairs) - _costliest(model, pairs)[1])
 
 
 @dataclass(frozen=True)
@@ -141,10 +145,7 @@ class OnlineCalibration:
         fixed_ms = self.shared_fixed_ms(model)
         if fixed_ms == model.fixed_ms:
             return model
-        return LatencyModel(
-            model.chunk_tokens, model.history_tokens, model.step_ms, fixed_ms,
-            scatter=model.scatter, num_points=model.num_points,
-        )  # fmt: skip
+        return replace(model, fixed_ms=fixed_ms)
 
     def corrected(self) -> LatencyModel:
         """The current model with its fixed cost split and its grid points moved by the window's errors."""
@@ -157,7 +158,7 @@ class OnlineCalibration:
         bound = math.log1p(self.max_shift)
         whole = min(max(float(np.median(errors)), -bound), bound) if self._spread() else 0.0
         for row, log_error in zip(self.window, errors, strict=True):
-            chunk, history = max(row.pairs, key=lambda pair: model.request_ms(*pair))
+            chunk, history = _costliest(model, row.pairs)
             x = min(max(math.log(max(chunk, 1)), nodes[0]), nodes[-1])
             i = min(int(np.searchsorted(nodes, x, side="right")) - 1, len(nodes) - 2)
             wx = (x - nodes[i]) / (nodes[i + 1] - nodes[i])

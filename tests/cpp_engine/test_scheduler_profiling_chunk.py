@@ -696,3 +696,19 @@ def test_a_burst_of_short_prompts_next_to_decodes_is_packed_into_full_batches(tm
         steps_to_first_tokens[name] = sum(first_token_step.values()) / len(first_token_step)
     # One prompt's worth per batch would take about 40 steps on average; a fixed chunk of 512 packs ~8.
     assert steps_to_first_tokens["cpp"] <= 2.0 * steps_to_first_tokens["fixed"], steps_to_first_tokens
+
+
+def test_the_target_is_planned_again_when_a_request_starts_decoding(tmp_path, profiled):
+    """A short prompt admitted and prefilled within one pipeline round of the last plan decodes next to
+    the long one: the plan that bounds the batches for decodes (rule 4) is made, though the prefills
+    held are the same as the last plan's."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+    rule_cls = type(scheduler.cpp_rule)
+    arrivals = [(0, request("long", 6000, 2)), (1, request("short", 8, 16, start=9000))]
+    with mock.patch.object(rule_cls, "plan_target", autospec=True, side_effect=rule_cls.plan_target) as plan:
+        outputs = helpers.run_to_completion(scheduler, arrivals)
+    short_prefill = next(i for i, out in enumerate(outputs) if out.num_scheduled_tokens.get("short", 0) > 1)
+    long_chunks_after = [out for out in outputs[short_prefill + 1 :] if out.num_scheduled_tokens.get("long", 0) > 1]
+    assert long_chunks_after, "the long prompt is still prefilling while the short one decodes"
+    held_alone = [c for c in plan.call_args_list if len(c.args[1]) == 1 and c.kwargs.get("decoding", 0) >= 1]
+    assert held_alone, [(len(c.args[1]), c.kwargs.get("decoding")) for c in plan.call_args_list]

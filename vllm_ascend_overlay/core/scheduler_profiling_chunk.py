@@ -17,9 +17,9 @@ only the bookkeeping:
   admission of waiting ones, so FCFS order holds. A step with no prefill left and none
   waiting holds decodes only and is not sized (nor looked at per request);
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
-  prefills changes (an arrival, a prompt finished, a preemption), from the prefills in
-  FCFS order (a waiting one from its prefix-cache hit, looked up as admission will),
-  the decodes' share of a batch and the largest batch still in flight;
+  prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
+  from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
+  admission will), the decodes' share of a batch and the largest batch still in flight;
 - timing: a step that holds a prefill chunk is marked for timing
   (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
   timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
@@ -86,7 +86,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_profiled = False
         self.cpp_timed_steps = 0
         self._cpp_prefill_steps = 0
-        self._cpp_plan_key: tuple | None = None  # the held prefills the current plan was made for ...
+        self._cpp_plan_key: tuple | None = None  # the held prefills (ids) and any decodes the plan saw ...
         self._cpp_plan_shape: tuple | None = None  # ... and their sizes, within a factor of sqrt(2)
         self._cpp_steps_since_plan = 0
         self._cpp_sizing = False  # this step holds or may admit a prefill
@@ -242,16 +242,16 @@ class ProfilingChunkScheduler(BalanceScheduler):
         return token_budget
 
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
-        """Plan the target again when the held prefills differ from the last plan's.
-
-        Every decoding request, in flight or not, counts (the policy applies its share of a batch).
-        """
+        """Plan the target again when the held prefills differ from the last plan's, or decodes
+        start or stop (rule 4 bounds batches for them); every decode, in flight or not, counts."""
         head = itertools.islice(self.waiting, PLAN_MAX_PREFILLS)
-        key = tuple([r.request_id for r in running_prefills] + [r.request_id for r in head])
+        ids = tuple([r.request_id for r in running_prefills] + [r.request_id for r in head])
+        key = (ids, len(self.running) > len(running_prefills))  # and whether any request decodes
         self._cpp_steps_since_plan += 1
         if key == self._cpp_plan_key:
             return  # the same prefills in the same order (admission moves one from waiting to running)
-        if self._cpp_plan_key and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
+        held_before = bool(self._cpp_plan_key and self._cpp_plan_key[0])
+        if held_before and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
         held = []  # the queue behind the head is read only when a plan is made, never per step

@@ -38,8 +38,8 @@ token of the prefills the scheduler holds, given P stages:
    ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get much shorter
    for almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
 
-The search runs only when the set of held prefills changes, never per step. Pure
-Python and numpy: no vLLM.
+The search runs only when the set of held prefills changes or decodes start or stop, never
+per step. Pure Python and numpy: no vLLM.
 """
 
 from __future__ import annotations

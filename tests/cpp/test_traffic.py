@@ -13,6 +13,7 @@ from vllm_ascend.core.cpp_traffic import (
     MIN_ARRIVALS,
     MIN_ROOM,
     NO_LOAD,
+    STEADY_WINDOWS,
     TRAFFIC_WINDOW,
     Load,
     Traffic,
@@ -60,6 +61,25 @@ def test_the_rate_follows_the_latest_arrivals_and_its_error_shrinks_with_them():
     load = traffic.load()
     assert load.arrivals_per_ms == pytest.approx(4e-3)
     assert load.rate_error == pytest.approx(1.0 / math.sqrt(TRAFFIC_WINDOW - 1))
+
+
+def test_the_steady_rate_spans_many_windows_of_arrivals():
+    """The latest window follows a burst; the steady rate, over STEADY_WINDOWS windows, barely moves."""
+    traffic = Traffic()
+    for second in range(200):  # one arrival every 10 s
+        traffic.arrived(10.0 * second)
+    for i in range(1, TRAFFIC_WINDOW + 1):  # then a burst: 4 a second
+        traffic.arrived(1990.0 + 0.25 * i)
+    load = traffic.load()
+    assert load.arrivals_per_ms == pytest.approx(4e-3)
+    kept = TRAFFIC_WINDOW * STEADY_WINDOWS
+    first = 10.0 * (200 - (kept - TRAFFIC_WINDOW))  # the oldest arrival still kept
+    assert load.steady_per_ms == pytest.approx((kept - 1) / ((1990.0 + 0.25 * TRAFFIC_WINDOW - first) * 1000.0))
+    assert load.steady_error == pytest.approx(1.0 / math.sqrt(kept - 1))
+    steady = load.steady()
+    assert (steady.arrivals_per_ms, steady.rate_error) == (load.steady_per_ms, load.steady_error)
+    assert steady.jobs == load.jobs
+    assert Load(1e-3, 0.1, PROMPTS).steady() == Load(1e-3, 0.1, PROMPTS)  # none measured: the rate as it is
 
 
 def test_a_prefill_counts_once_as_first_held_and_the_sample_is_bounded():
@@ -215,6 +235,18 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
         assert rule.wanted_chunk(history, 10**6, plan) <= tuned
     assert plan.batch_tokens == tuned  # and prefills packed in one batch share that many tokens
     assert plan_target(rule, held, fixed_ms=fixed_ms, load=load).batch_tokens == math.inf  # none without decodes
+
+
+def test_a_burst_does_not_lengthen_the_batches_decodes_wait_for():
+    """Rule 4's chunk is tuned for the traffic at large (its steady rate), not for a burst's rate."""
+    rule = rule_for(TRUE, 4)
+    held = [(0, 60_000), (0, 12_000)]
+    fixed_ms = rule.model.fixed_ms + 2.0
+    steady = tuned_fixed_chunk(rule, Load(1e-4, 0.1, PROMPTS), fixed_ms, len(held))
+    burst = tuned_fixed_chunk(rule, Load(5e-3, 0.1, PROMPTS), fixed_ms, len(held))
+    assert burst > steady  # the premise: a burst alone would tune a larger chunk
+    load = Load(5e-3, 0.1, PROMPTS, steady_per_ms=1e-4, steady_error=0.1)
+    assert plan_target(rule, held, fixed_ms=fixed_ms, decoding=4, load=load).batch_tokens == steady
 
 
 def test_load_makes_the_planner_value_throughput_on_a_step_bound_device():

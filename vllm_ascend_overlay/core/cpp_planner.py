@@ -44,6 +44,7 @@ per step. Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -118,13 +119,14 @@ def plan_target(
     if not held or high <= low * (1.0 + 1e-6):
         return Plan(high, fixed_ms, efficient)
     if not load.jobs:
-        load = Load(load.arrivals_per_ms, load.rate_error, tuple(held))
+        load = dataclasses.replace(load, jobs=tuple(held))
     batch_tokens = math.inf
     if decoding:
         # Decodes wait for every batch: none longer, on average, than the batches the fixed
         # chunk tuned for this traffic would make of the prefills held and queued, and no
         # chunk larger than that chunk, so that at any history no batch is longer than its.
-        tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(positions))
+        # A user tunes one chunk for the traffic at large: at its steady rate, not a burst's.
+        tuned = tuned_fixed_chunk(rule, load.steady(), fixed_ms, len(positions))
         efficient, batch_tokens = efficient.capped(tuned), int(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):

@@ -31,6 +31,7 @@ __all__ = [
     "NO_LOAD",
     "PROMPT_NODES",
     "PROMPT_WEIGHTS",
+    "STEADY_WINDOWS",
     "TRAFFIC_WINDOW",
     "Load",
     "Traffic",
@@ -41,6 +42,7 @@ __all__ = [
 ]
 
 TRAFFIC_WINDOW = 16  # arrivals and prefill sizes the traffic is estimated from
+STEADY_WINDOWS = 8  # the steady rate is measured over this many windows of arrivals
 MIN_ARRIVALS = 4  # fewer arrivals give no rate
 MIN_ROOM = 0.05  # the queue's wait is never taken closer to saturation than this
 PROMPT_PANELS = 6  # Simpson panels per prefill
@@ -56,6 +58,14 @@ class Load:
     arrivals_per_ms: float = 0.0
     rate_error: float = 1.0
     jobs: tuple[tuple[int, int], ...] = ()
+    steady_per_ms: float | None = None  # the rate over the latest STEADY_ARRIVALS, and its error
+    steady_error: float = 1.0
+
+    def steady(self) -> Load:
+        """The same traffic at its steady rate (over many more arrivals): what a user tunes a fixed chunk for."""
+        if self.steady_per_ms is None:
+            return self
+        return Load(self.steady_per_ms, self.steady_error, self.jobs)
 
 
 NO_LOAD = Load()
@@ -65,7 +75,7 @@ class Traffic:
     """The latest arrivals and the sizes of the latest prefills, each bounded; O(1) per request."""
 
     def __init__(self, window: int = TRAFFIC_WINDOW) -> None:
-        self._arrivals: deque[float] = deque(maxlen=window)  # arrival times (s)
+        self._arrivals: deque[float] = deque(maxlen=window * STEADY_WINDOWS)  # arrival times (s)
         self._jobs: OrderedDict[str, tuple[int, int]] = OrderedDict()  # request -> (history, tokens) when first held
         self._window = window
 
@@ -81,15 +91,25 @@ class Traffic:
             self._jobs.popitem(last=False)
 
     def load(self) -> Load:
-        """The arrival rate over the latest arrivals (none while too few to tell), its relative
-        standard error (one over the square root of the gaps it is measured over), and the
-        latest prefills' sizes, oldest first."""
+        """The arrival rate over the latest ``window`` arrivals (none while too few to tell), its
+        relative standard error (one over the square root of the gaps it is measured over), the
+        latest prefills' sizes, oldest first, and the steady rate: the same over the latest
+        ``STEADY_WINDOWS`` windows of arrivals."""
         jobs = tuple(job for job in self._jobs.values() if job[1] > 0)
         arrivals = sorted(self._arrivals)
-        if len(arrivals) < MIN_ARRIVALS or arrivals[-1] <= arrivals[0]:
+        steady, steady_error = _rate(arrivals)
+        latest, error = _rate(arrivals[-self._window :])
+        if steady is None or latest is None:
             return Load(jobs=jobs)
-        gaps = len(arrivals) - 1
-        return Load(gaps / ((arrivals[-1] - arrivals[0]) * 1000.0), 1.0 / math.sqrt(gaps), jobs)
+        return Load(latest, error, jobs, steady, steady_error)
+
+
+def _rate(arrivals: list[float]) -> tuple[float | None, float]:
+    """Arrivals per ms over sorted arrival times (s), and its relative error; None while too few to tell."""
+    if len(arrivals) < MIN_ARRIVALS or arrivals[-1] <= arrivals[0]:
+        return None, 1.0
+    gaps = len(arrivals) - 1
+    return gaps / ((arrivals[-1] - arrivals[0]) * 1000.0), 1.0 / math.sqrt(gaps)
 
 
 def prompt_work_ms(

@@ -133,11 +133,8 @@ class OnlineCalibration:
         (scale, per_request, _), *_ = np.linalg.lstsq(design, np.ones_like(measured), rcond=None)
         if not (scale > 0 and math.isfinite(per_request)):
             return model.fixed_ms
-        fixed_ms = min(
-            max(model.fixed_ms - per_request / scale, model.fixed_ms / MAX_SPLIT_FACTOR),
-            model.fixed_ms * MAX_SPLIT_FACTOR,
-        )
-        return min(max(fixed_ms, 0.0), model.step_ms[0][0])
+        low, high = model.fixed_ms / MAX_SPLIT_FACTOR, model.fixed_ms * MAX_SPLIT_FACTOR
+        return min(max(model.fixed_ms - per_request / scale, low), high, model.step_ms[0][0])
 
     def split(self) -> LatencyModel:
         """The current model with its fixed cost split as the window shows (``shared_fixed_ms``)."""

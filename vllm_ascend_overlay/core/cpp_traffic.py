@@ -58,7 +58,7 @@ class Load:
     arrivals_per_ms: float = 0.0
     rate_error: float = 1.0
     jobs: tuple[tuple[int, int], ...] = ()
-    steady_per_ms: float | None = None  # the rate over the latest STEADY_ARRIVALS, and its error
+    steady_per_ms: float | None = None  # the rate over the latest STEADY_WINDOWS windows, and its error
     steady_error: float = 1.0
 
     def steady(self) -> Load:

@@ -12,7 +12,8 @@ from cpp_samples import BENT, NPU_LIKE, TRUE, Tiles, measured_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rule_cases import draw_position, requests, rules
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget, whole_tokens
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, whole_tokens
+from vllm_ascend.core.cpp_step_budget import PASS_OVER, PASS_OVER_LIMIT, StepBudget
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=262_144)
@@ -276,14 +277,52 @@ def test_a_plans_token_budget_bounds_the_prefill_tokens_of_every_batch():
     first = budget.grant(0, 50_000, 8192)
     assert first == 1000  # the whole budget, though the target has room for more
     budget.charge("first", 600, 0)  # vLLM scheduled less (e.g. its own budget)
-    assert budget.grant(0, 50_000, 8192) == 400
+    assert budget.grant(0, 40_000, 8192) == 400  # (each prompt shorter than the ones before it: see below)
     budget.charge("second", 400, 0)
-    assert budget.grant(0, 50_000, 8192) == 0
+    assert budget.grant(0, 30_000, 8192) == 0
     budget.charge("first", 300, 0)  # charged again with fewer tokens
-    assert budget.grant(0, 50_000, 8192) == 300
+    assert budget.grant(0, 20_000, 8192) == 300
     budget.refund("second")
-    assert budget.grant(0, 50_000, 8192) == 700
+    assert budget.grant(0, 10_000, 8192) == 700
     assert rule.wanted_chunk(0, 50_000, plan) > 1000  # (the rule alone would take more)
+
+
+@PROPERTIES
+@given(steps())
+def test_a_prefill_the_step_does_not_finish_joins_only_ahead_of_longer_ones(step):
+    """Shortest remaining first: a prefill that gets tokens but does not finish in the step has
+    fewer tokens left than every unfinished prefill granted before it; finishing ones may always join."""
+    rule, plan, decodes, prefills = step
+    _, granted = run_step(rule, plan, decodes, prefills)
+    unfinished = []
+    for (chunk_tokens, _, _), (_, remaining_tokens, _) in zip(granted, prefills, strict=True):
+        if 0 < chunk_tokens < remaining_tokens:
+            assert all(remaining_tokens < earlier for earlier in unfinished), (remaining_tokens, unfinished)
+            unfinished.append(remaining_tokens)
+
+
+def test_two_long_prompts_run_one_after_the_other_and_a_short_one_joins_them():
+    """A batch with room for two chunks: the second long prompt gets none of it while the first
+    goes on (it would halve the first one's pace), a shorter one does; a waiting one kept out is
+    passed over, up to PASS_OVER_LIMIT per step, after which admission stops."""
+    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 2)
+    budget = StepBudget(rule, rule.plan(3 * model.time_ms(1000, 0)))
+    budget.start()
+    assert budget.grant(0, 50_000, 1000) == 1000  # vLLM allows 1000: the target has room for more
+    budget.charge("first", 1000, 0)
+    assert budget.grant(0, 60_000, 8192) == 0  # longer: waits for the first
+    assert budget.grant(0, 50_000, 8192) == 0  # as long: waits too (first come, first served)
+    second = budget.grant(0, 20_000, 1000)
+    assert second == 1000  # shorter: joins
+    budget.charge("second", second, 0)
+    assert budget.grant(0, 30_000, 8192) == 0  # longer than the second
+    assert budget.grant(0, 100, 8192) == 100  # finishes in this batch: joins
+    budget.charge("short", 100, 0)
+    assert [budget.admit(0, 40_000, 8192) for _ in range(PASS_OVER_LIMIT + 1)] == [PASS_OVER] * PASS_OVER_LIMIT + [0]
+    budget.start()
+    assert budget.grant(0, 60_000, 1000) == 1000  # a new step: the first prefill sets the order again
+    assert budget.admit(0, 70_000, 8192) == PASS_OVER
 
 
 @settings(max_examples=30, deadline=None)

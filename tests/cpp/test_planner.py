@@ -11,8 +11,9 @@ from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, measur
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rule_cases import draw_position, rules
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_planner import plan_target, predicted_ttft_ms, target_bounds
+from vllm_ascend.core.cpp_step_budget import StepBudget
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=262_144)

@@ -51,7 +51,7 @@ def test_batches_with_a_prefill_stay_within_the_target_fcfs_holds_and_every_requ
     generated: dict[str, int] = {}
     history_of: dict[str, int] = {}
     timing = timing_from(STAGE_1)
-    first_scheduled = []
+    first_scheduled, first_chunks = [], {}
 
     def on_step(scheduler, out):
         pairs = batch_pairs(out, history_of)
@@ -63,11 +63,23 @@ def test_batches_with_a_prefill_stay_within_the_target_fcfs_holds_and_every_requ
             floor_forced = len(prefill_chunks) == 1 and prefill_chunks[0] <= rule.limits.floor_tokens
             limit_ms = scheduler.cpp_target_ms * (1 + TAIL_TOLERANCE) + 1e-9
             assert alone or floor_forced or rule.model.batch_time_ms(pairs.values()) <= limit_ms
-        first_scheduled.extend(new.req_id for new in out.scheduled_new_reqs if new.req_id not in first_scheduled)
+        for new in out.scheduled_new_reqs:
+            if new.req_id not in first_scheduled:
+                first_scheduled.append(new.req_id)
+                first_chunks[new.req_id] = out.num_scheduled_tokens[new.req_id]
         return timing(scheduler, out)
 
     helpers.run_to_completion(scheduler, arrivals, on_step=on_step, generated=generated)
 
     assert generated == {r.request_id: r.max_tokens for _, r in arrivals}
+    # First come, first served, but for shortest remaining first: a request is admitted ahead of an
+    # earlier one only if it has fewer tokens to prefill (of its own, against the other's whole
+    # prompt), or its whole prompt fits its first batch.
     arrival_order = [r.request_id for _, r in sorted(arrivals, key=lambda item: (item[0], item[1].arrival_time))]
-    assert first_scheduled == arrival_order
+    prompt_tokens = {r.request_id: r.num_tokens for _, r in arrivals}
+    own_tokens = {f"r{index}": own for index, (_, own, _, _) in enumerate(workload)}
+    for later_index, later in enumerate(arrival_order):
+        for earlier in arrival_order[:later_index]:
+            jumped = first_scheduled.index(later) < first_scheduled.index(earlier)
+            if jumped and first_chunks[later] < own_tokens[later]:
+                assert own_tokens[later] < prompt_tokens[earlier], (later, earlier, first_scheduled)

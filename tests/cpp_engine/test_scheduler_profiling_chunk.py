@@ -15,7 +15,7 @@ from unittest import mock
 import helpers
 import pytest
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
-from vllm_ascend.core.cpp_chunk_rule import StepBudget
+from vllm_ascend.core.cpp_step_budget import StepBudget
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
 AsyncProfilingChunkScheduler = sys.modules[ProfilingChunkScheduler.__module__].AsyncProfilingChunkScheduler
@@ -635,10 +635,10 @@ def test_priority_preemption_refunds_what_the_preempted_request_was_charged(tmp_
 @pytest.mark.parametrize(
     "target, where",
     [
-        ("vllm_ascend.core.cpp_chunk_rule.StepBudget.grant", "sizing a"),
+        ("vllm_ascend.core.cpp_step_budget.StepBudget.grant", "sizing a"),
         ("vllm_ascend.core.cpp_chunk_rule.ChunkRule.plan_target", "the step start"),
-        ("vllm_ascend.core.cpp_chunk_rule.StepBudget.charge", "charging a scheduled request"),
-        ("vllm_ascend.core.cpp_chunk_rule.StepBudget.settle", "the step's bookkeeping"),
+        ("vllm_ascend.core.cpp_step_budget.StepBudget.charge", "charging a scheduled request"),
+        ("vllm_ascend.core.cpp_step_budget.StepBudget.settle", "the step's bookkeeping"),
         ("vllm_ascend.core.cpp_calibration.OnlineCalibration.record", "online calibration"),
         ("vllm_ascend.core.cpp_traffic.Traffic.arrived", "counting an arrival"),
         ("vllm_ascend.core.cpp_traffic.Traffic.held", "the step start"),
@@ -712,3 +712,40 @@ def test_the_target_is_planned_again_when_a_request_starts_decoding(tmp_path, pr
     assert long_chunks_after, "the long prompt is still prefilling while the short one decodes"
     held_alone = [c for c in plan.call_args_list if len(c.args[1]) == 1 and c.kwargs.get("decoding", 0) >= 1]
     assert held_alone, [(len(c.args[1]), c.kwargs.get("decoding")) for c in plan.call_args_list]
+
+
+def test_a_long_prompt_waits_for_the_one_ahead_and_a_short_one_behind_it_is_served(tmp_path, profiled):
+    """vLLM's per-request cap (long_prefill_token_threshold) leaves room in every batch. A longer
+    prompt gets none of it while the first goes on (sharing would halve the first one's pace); the
+    loop passes over it, so a short prompt behind it is served at once, and it keeps its place
+    ahead of a later, longer one."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+    scheduler.scheduler_config.long_prefill_token_threshold = 128
+    arrivals = [
+        (0, request("first", 2000, 2)),
+        (0, request("second", 2500, 2, start=3000)),
+        (0, request("short", 40, 2, start=6000)),
+        (1, request("later", 3000, 2, start=9000)),
+    ]
+    outputs = helpers.run_to_completion(scheduler, arrivals)
+
+    def prefill_steps(request_id):
+        return [step for step, out in enumerate(outputs) if out.num_scheduled_tokens.get(request_id, 0) > 1]
+
+    assert outputs[0].num_scheduled_tokens == {"first": 128, "short": 40}
+    assert min(prefill_steps("second")) >= max(prefill_steps("first"))
+    assert min(prefill_steps("later")) >= max(prefill_steps("second"))
+
+
+def test_a_request_vllm_set_aside_is_sized_when_it_is_admitted(tmp_path, profiled):
+    """vLLM keeps a request it cannot schedule yet (remote KV, LoRA limits, or one we passed over)
+    in its skipped queue: with no prefill running and none in the main queue, its admission is
+    still a sized step."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+    scheduler.add_request(request("aside", 3000, 1))
+    scheduler.skipped_waiting.prepend_request(scheduler.waiting.pop_request())
+    out = scheduler.schedule()
+    plan = scheduler.planned_batch(out)
+    assert plan is not None and set(plan.charged) == {"aside"}
+    expected = StepBudget(scheduler.cpp_rule, scheduler.cpp_plan).grant(0, 3000, BASE_CHUNK)
+    assert out.num_scheduled_tokens == {"aside": expected}

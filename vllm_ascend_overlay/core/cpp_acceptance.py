@@ -38,9 +38,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_samples import FitError, Point, SampleError, check_sample, group_points
+from vllm_ascend.core.cpp_step_budget import StepBudget
 
 __all__ = ["Verdict", "best_fixed_chunk", "judge", "reference_prompt_tokens", "schedule_ttft_ms"]
 

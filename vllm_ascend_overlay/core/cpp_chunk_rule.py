@@ -28,10 +28,11 @@ from the measured latency model t(C, H) (core/cpp_latency_model.py) alone:
    is left of the context; ``smooth_factor`` < 1 blends it towards the token budget. A
    request's small last tail (under a quarter of the chunk, or the floor) is merged into
    its last chunk when that step still fits T (times ``1 + tail_tolerance``).
-3. ``StepBudget`` applies rule 1 within one scheduling step: running decodes are
-   reserved first (never cut), then each prefill, in vLLM's order, is granted its chunk,
-   cut to what is left of T; the step's first prefill always advances by at least the floor, so
-   prefills never starve behind decodes.
+3. ``StepBudget`` (core/cpp_step_budget.py) applies rule 1 within one scheduling step:
+   running decodes are reserved first (never cut), then each prefill, in vLLM's order, is
+   granted its chunk, cut to what is left of T, shortest remaining first among the prefills
+   the step does not finish; the step's first prefill always advances by at least the
+   floor, so prefills never starve behind decodes.
 
 ``ChunkRule.chunk_alone`` (a request alone in a batch) is the one statement of rules 1
 and 2; ``chunk_alone_many`` computes the same numbers for arrays, for the planner.
@@ -42,18 +43,16 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
-__all__ = ["DEFAULT_FLOOR_TOKENS", "ChunkLimits", "ChunkRule", "EfficientChunks", "Plan", "StepBudget"]
+__all__ = ["DEFAULT_FLOOR_TOKENS", "ChunkLimits", "ChunkRule", "EfficientChunks", "Plan"]
 
 DEFAULT_FLOOR_TOKENS = 64  # the step's first prefill advances by at least this much
 _EFFICIENT_HISTORIES = 48  # histories at which C*(H) is searched
 _EFFICIENT_CHUNKS = 96  # chunk sizes searched at each
-_VECTOR_DECODES = 16  # from this many decodes in a step, their costs come from one vectorised call
 EFFICIENT_SLACK = 0.005  # per-token costs this close to the least count as equal (at least; more with noise)
 
 
@@ -269,121 +268,3 @@ class ChunkRule:
         if raw >= limit:
             return limit
         return whole_tokens(raw, limits.granule_tokens)
-
-
-class StepBudget:
-    """One scheduling step's time budget (rule 3): reserve decodes, grant prefills, charge, refund.
-
-    Decodes are reserved at step start as if already in the batch, so charging one as
-    reserved costs a dictionary lookup; ``settle`` drops the reservations of decodes the
-    step did not schedule after all (preempted before their turn).
-    """
-
-    def __init__(self, rule: ChunkRule, plan: Plan | None = None) -> None:
-        self.rule = rule
-        self.plan = plan if plan is not None else rule.plan(rule.model.time_ms(rule.limits.cap_tokens, 0))
-        self.start()
-
-    @property
-    def target_ms(self) -> float:
-        return self.plan.target_ms
-
-    def start(self, extra_fixed_ms: float = 0.0) -> None:
-        """A new step: only the fixed cost is spent (plus ``extra_fixed_ms``, the planner's stand-in for decodes)."""
-        self.used_ms = self.rule.model.fixed_ms + extra_fixed_ms  # fixed + charged requests, reserved decodes included
-        self.charged_ms = extra_fixed_ms  # charged requests only
-        # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
-        self.charged: dict[str, tuple[int, int, float]] = {}
-        self.prefills: set[str] = set()
-        self.prefill_tokens = 0  # tokens charged to prefills in this step
-
-    def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
-        """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
-        decodes = list(decodes)
-        model, charged = self.rule.model, self.charged
-        if len(decodes) >= _VECTOR_DECODES and all(d[1] == 1 for d in decodes):
-            # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
-            costs = model.decode_ms_many(np.array([d[2] for d in decodes], dtype=np.float64)).tolist()
-        else:
-            costs = [model.request_ms(new_tokens, history_tokens) for _, new_tokens, history_tokens in decodes]
-        for (request_id, new_tokens, history_tokens), cost_ms in zip(decodes, costs, strict=True):
-            charged[request_id] = (new_tokens, history_tokens, cost_ms)
-        total_ms = sum(costs)
-        self.used_ms += total_ms
-        self.charged_ms += total_ms
-
-    def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
-        """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
-        rule, target_ms = self.rule, self.plan.target_ms
-        wanted = rule.wanted_chunk(history_tokens, remaining_tokens, self.plan)
-        # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.
-        chunk = min(
-            wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens)
-        )
-        if (
-            wanted == remaining_tokens
-            and chunk < remaining_tokens
-            and self.used_ms + rule.model.request_ms(remaining_tokens, history_tokens)
-            <= (1.0 + rule.limits.tail_tolerance) * target_ms
-        ):
-            chunk = remaining_tokens  # the whole tail: no extra step for it
-        if not self.prefills:
-            # The step's first prefill advances by at least the floor (or its whole tail),
-            # even when decodes fill the budget; alone in the batch it gets its own chunk.
-            chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
-            if not self.charged:
-                chunk = max(chunk, wanted)
-        return max(0, min(chunk, allowed_tokens, self.plan.batch_tokens - self.prefill_tokens))
-
-    def charge(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
-        """A request is in the batch with ``new_tokens``: count its cost.
-
-        A decode scheduled as reserved is already in; one scheduled otherwise (more or
-        fewer speculative tokens) is counted again. Any request not reserved as a
-        decode is a prefill.
-        """
-        previous = self.charged.get(request_id)
-        prefill = previous is None or request_id in self.prefills
-        if previous is not None:
-            if previous[0] == new_tokens and previous[1] == history_tokens:
-                return
-            self.used_ms -= previous[2]
-            self.charged_ms -= previous[2]
-            if prefill:
-                self.prefill_tokens -= previous[0]
-        else:
-            self.prefills.add(request_id)
-        if prefill:
-            self.prefill_tokens += new_tokens
-        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
-        self.used_ms += cost_ms
-        self.charged_ms += cost_ms
-        self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
-
-    def refund(self, request_id: str) -> None:
-        """A request charged (or reserved) in this step leaves it: preempted within the step."""
-        charged = self.charged.pop(request_id, None)
-        if charged is not None:
-            self.used_ms -= charged[2]
-            self.charged_ms -= charged[2]
-            if request_id in self.prefills:
-                self.prefill_tokens -= charged[0]
-        self.prefills.discard(request_id)
-
-    def settle(self, scheduled: Collection[str]) -> None:
-        """End of step: refund reservations of decodes the step did not schedule.
-
-        Every scheduled request is charged, so equal sizes mean equal sets: the usual
-        step costs one comparison.
-        """
-        if len(self.charged) != len(scheduled):
-            for request_id in [r for r in self.charged if r not in scheduled]:
-                self.refund(request_id)
-
-    def pairs(self) -> tuple[tuple[int, int], ...]:
-        """The step's (chunk_tokens, history_tokens) pairs, in the order they were charged."""
-        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
-
-    def predicted_ms(self) -> float:
-        """The model's time of the step's charged requests (fixed cost included)."""
-        return self.rule.model.fixed_ms + self.charged_ms

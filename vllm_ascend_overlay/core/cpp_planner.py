@@ -49,7 +49,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan
+from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import (
     NO_LOAD,
     PROMPT_NODES,

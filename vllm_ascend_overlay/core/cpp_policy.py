@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import Traffic
 
 __all__ = ["MAX_BATCHES_IN_FLIGHT", "CppBatch", "CppPolicy"]

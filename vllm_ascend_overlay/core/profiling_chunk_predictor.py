@@ -14,7 +14,7 @@ importing upstream's ``vllm_ascend.core.profiling_chunk_predictor`` finds CPP he
 
 from vllm_ascend.core.cpp_acceptance import Verdict, judge
 from vllm_ascend.core.cpp_calibration import OnlineCalibration, StepRow
-from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, Plan, StepBudget
+from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS, ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel, batch_features
 from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_profile_store import (
@@ -27,6 +27,7 @@ from vllm_ascend.core.cpp_profile_store import (
     save_profile,
 )
 from vllm_ascend.core.cpp_samples import FitError, SampleError, check_sample, group_points
+from vllm_ascend.core.cpp_step_budget import StepBudget
 
 __all__ = [
     "DEFAULT_FLOOR_TOKENS",

@@ -16,7 +16,10 @@ The contract, in the order the loop calls them within one ``schedule()``:
 - ``cap_waiting_tokens(request, history_tokens, num_new_tokens)`` for each WAITING
   request, after the long-prefill threshold; ``history_tokens`` counts every token
   already computed for it, prefix-cache hits included. Returning 0 stops admitting
-  waiting requests for this step, so first-come-first-served order holds.
+  waiting requests for this step, so first-come-first-served order holds; returning a
+  negative number passes over this request for this step (it waits in the loop's
+  skipped queue, ahead of the requests that arrived after it, as vLLM keeps a request
+  it cannot schedule yet) and the loop goes on to the next one.
 - ``charge_scheduled_tokens(request, history_tokens, num_new_tokens)`` once a request
   is in the batch with its final number of new tokens.
 - ``refund_scheduled_tokens(request)`` when a request charged in this step is preempted

@@ -2,8 +2,8 @@
 
 This scheduler holds no copy of vLLM's loop: upstream's loop (BalanceScheduler.schedule)
 calls the hooks of core/schedule_hooks.py, and this class answers them with one
-``StepBudget`` per step (core/cpp_chunk_rule.py, where the rule is stated). Here is
-only the bookkeeping:
+``StepBudget`` per step (core/cpp_step_budget.py; the rule is stated in core/cpp_chunk_rule.py).
+Here is only the bookkeeping:
 
 - start-up: ``run_profiling_chunk_init(executor)`` gets a verdict on a cached or fresh
   profile (core/cpp_profiling.py, core/cpp_acceptance.py): a latency model to schedule
@@ -13,9 +13,10 @@ only the bookkeeping:
   ``max_num_batched_tokens``. One log line says which;
 - each step that holds or may admit a prefill: running decodes are reserved at their
   true history, then every prefill, running or waiting, is granted its chunk at its true
-  history (prefix-cache hits included); a grant of 0 skips a running request and stops
-  admission of waiting ones, so FCFS order holds. A step with no prefill left and none
-  waiting holds decodes only and is not sized (nor looked at per request);
+  history (prefix-cache hits included); a grant of 0 skips a running request, and passes
+  over a waiting one that a shorter prompt ahead keeps out (the next may be shorter) or
+  stops admission. A step with no prefill left and none waiting holds decodes only and
+  is not sized (nor looked at per request);
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
   prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
   from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
@@ -132,18 +133,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
         verdict = start_up.verdict
         self.cpp_source, self.cpp_verdict = start_up.source, verdict.reason
         if verdict.model is None:
-            if verdict.fixed_chunk_tokens is not None:
-                self.cpp_fixed_chunk_tokens = verdict.fixed_chunk_tokens
-                logger.warning(
-                    "[CPP] %s; fixed chunks of %d tokens, the best for %d pipeline stages on what was measured",
-                    verdict.reason,
-                    verdict.fixed_chunk_tokens,
-                    num_stages,
-                )
-            else:
-                logger.warning(
-                    "[CPP] %s; fixed chunks of %d tokens (upstream's behaviour)", verdict.reason, base_tokens
-                )
+            fixed = self.cpp_fixed_chunk_tokens = verdict.fixed_chunk_tokens
+            why = f"the best for {num_stages} pipeline stages on what was measured" if fixed else "upstream's behaviour"
+            logger.warning("[CPP] %s; fixed chunks of %d tokens (%s)", verdict.reason, fixed or base_tokens, why)
             return
         self.cpp_policy = CppPolicy(
             verdict.model,
@@ -217,7 +209,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
         # decodes only: nothing to size, and the per-request bookkeeping is skipped.
-        self._cpp_sizing = bool(self._cpp_open_prefills or self.waiting)
+        self._cpp_sizing = bool(self._cpp_open_prefills or self.waiting or self.skipped_waiting)
         self._cpp_step_budget = budget if self._cpp_sizing else None
         if not self._cpp_sizing:
             return token_budget
@@ -244,7 +236,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's, or decodes
         start or stop (rule 4 bounds batches for them); every decode, in flight or not, counts."""
-        head = itertools.islice(self.waiting, PLAN_MAX_PREFILLS)
+        head = itertools.islice(self._waiting_in_order(), PLAN_MAX_PREFILLS)
         ids = tuple([r.request_id for r in running_prefills] + [r.request_id for r in head])
         key = (ids, len(self.running) > len(running_prefills))  # and whether any request decodes
         self._cpp_steps_since_plan += 1
@@ -255,7 +247,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
         held = []  # the queue behind the head is read only when a plan is made, never per step
-        for index, request in enumerate([*running_prefills, *itertools.islice(self.waiting, PLAN_LOOKAHEAD)]):
+        waiting = itertools.islice(self._waiting_in_order(), PLAN_LOOKAHEAD)
+        for index, request in enumerate([*running_prefills, *waiting]):
             history_tokens = request.num_computed_tokens
             if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
                 history_tokens = self._prefix_hit_tokens(request)
@@ -274,6 +267,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_plan_shape = shape
         plan = self.cpp_policy.replan(held, decoding)
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
+
+    def _waiting_in_order(self):
+        """The waiting requests in the order admission takes them: those passed over before first."""
+        return itertools.chain(self.skipped_waiting, self.waiting)
 
     def _prefix_hit_tokens(self, request: Any) -> int:
         """Tokens of a waiting prompt the prefix cache holds: a lookup, as admission makes it, nothing held."""
@@ -308,7 +305,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         try:
             if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
-            return self.cpp_policy.budget.grant(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
+            return self.cpp_policy.budget.admit(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens

@@ -1,0 +1,172 @@
+"""One scheduling step of dynamic chunked pipeline parallelism (CPP): the step budget.
+
+``StepBudget`` applies the chunk rule (core/cpp_chunk_rule.py) within one step. Running
+decodes are reserved first, at their true history (never cut); then each prefill, in
+vLLM's order, is granted its chunk, cut to what is left of the batch-time target T.
+
+Prefills do not share batches as equals. A prompt that would not finish in this batch
+joins it only if it has fewer tokens left than every such prompt granted before it in
+the step: shortest remaining first. A short prompt is served beside a long one (its
+first token comes early, which is the mean TTFT's gain), but a long prompt never takes
+time from a shorter or older one that has not finished: two long prompts run one after
+the other, as under a fixed chunk, instead of side by side at half speed each, which
+would delay the first one's first token and keep whatever decodes beside them waiting
+on both. A waiting prompt kept out this way is passed over, not a stop to admission
+(``admit``), so shorter ones behind it are still reached; at most ``PASS_OVER_LIMIT``
+per step, which bounds the prefix-cache lookups the loop makes for them.
+
+The step's first prefill always advances by at least the floor, so prefills never
+starve behind decodes. Pure Python and numpy: no vLLM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Iterable
+
+import numpy as np
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule, Plan
+
+__all__ = ["PASS_OVER", "PASS_OVER_LIMIT", "StepBudget"]
+
+PASS_OVER = -1  # ``admit``'s answer for a waiting request to skip this step (the loop goes on to the next)
+PASS_OVER_LIMIT = 8  # waiting requests one step passes over to reach a shorter one behind them
+_VECTOR_DECODES = 16  # from this many decodes in a step, their costs come from one vectorised call
+
+
+class StepBudget:
+    """One scheduling step's time budget (rule 3): reserve decodes, grant prefills, charge, refund.
+
+    Decodes are reserved at step start as if already in the batch, so charging one as
+    reserved costs a dictionary lookup; ``settle`` drops the reservations of decodes the
+    step did not schedule after all (preempted before their turn).
+    """
+
+    def __init__(self, rule: ChunkRule, plan: Plan | None = None) -> None:
+        self.rule = rule
+        self.plan = plan if plan is not None else rule.plan(rule.model.time_ms(rule.limits.cap_tokens, 0))
+        self.start()
+
+    @property
+    def target_ms(self) -> float:
+        return self.plan.target_ms
+
+    def start(self, extra_fixed_ms: float = 0.0) -> None:
+        """A new step: only the fixed cost is spent (plus ``extra_fixed_ms``, the planner's stand-in for decodes)."""
+        self.used_ms = self.rule.model.fixed_ms + extra_fixed_ms  # fixed + charged requests, reserved decodes included
+        self.charged_ms = extra_fixed_ms  # charged requests only
+        # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
+        self.charged: dict[str, tuple[int, int, float]] = {}
+        self.prefills: set[str] = set()
+        self.prefill_tokens = 0  # tokens charged to prefills in this step
+        self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
+        self.passed_over = 0  # waiting requests passed over in this step
+
+    def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
+        """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
+        decodes = list(decodes)
+        model, charged = self.rule.model, self.charged
+        if len(decodes) >= _VECTOR_DECODES and all(d[1] == 1 for d in decodes):
+            # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
+            costs = model.decode_ms_many(np.array([d[2] for d in decodes], dtype=np.float64)).tolist()
+        else:
+            costs = [model.request_ms(new_tokens, history_tokens) for _, new_tokens, history_tokens in decodes]
+        for (request_id, new_tokens, history_tokens), cost_ms in zip(decodes, costs, strict=True):
+            charged[request_id] = (new_tokens, history_tokens, cost_ms)
+        total_ms = sum(costs)
+        self.used_ms += total_ms
+        self.charged_ms += total_ms
+
+    def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
+        """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
+        rule, target_ms = self.rule, self.plan.target_ms
+        wanted = rule.wanted_chunk(history_tokens, remaining_tokens, self.plan)
+        # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.
+        chunk = min(
+            wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens)
+        )
+        if (
+            wanted == remaining_tokens
+            and chunk < remaining_tokens
+            and self.used_ms + rule.model.request_ms(remaining_tokens, history_tokens)
+            <= (1.0 + rule.limits.tail_tolerance) * target_ms
+        ):
+            chunk = remaining_tokens  # the whole tail: no extra step for it
+        if not self.prefills:
+            # The step's first prefill advances by at least the floor (or its whole tail),
+            # even when decodes fill the budget; alone in the batch it gets its own chunk.
+            chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
+            if not self.charged:
+                chunk = max(chunk, wanted)
+        chunk = max(0, min(chunk, allowed_tokens, self.plan.batch_tokens - self.prefill_tokens))
+        if chunk < remaining_tokens:
+            if remaining_tokens >= self.unfinished_tokens:
+                return 0  # shortest remaining first: it waits for the unfinished prefill granted before it
+            if chunk > 0:
+                self.unfinished_tokens = remaining_tokens
+        return chunk
+
+    def admit(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
+        """``grant`` for a waiting request; ``PASS_OVER`` when it gets nothing and has at least as many
+        tokens left as a prefill this step does not finish (a shorter request behind it may still be
+        admitted), 0 to stop admission for this step (first come, first served)."""
+        granted = self.grant(history_tokens, remaining_tokens, allowed_tokens)
+        if granted <= 0 and remaining_tokens >= self.unfinished_tokens and self.passed_over < PASS_OVER_LIMIT:
+            self.passed_over += 1
+            return PASS_OVER
+        return granted
+
+    def charge(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
+        """A request is in the batch with ``new_tokens``: count its cost.
+
+        A decode scheduled as reserved is already in; one scheduled otherwise (more or
+        fewer speculative tokens) is counted again. Any request not reserved as a
+        decode is a prefill.
+        """
+        previous = self.charged.get(request_id)
+        prefill = previous is None or request_id in self.prefills
+        if previous is not None:
+            if previous[0] == new_tokens and previous[1] == history_tokens:
+                return
+            self.used_ms -= previous[2]
+            self.charged_ms -= previous[2]
+            if prefill:
+                self.prefill_tokens -= previous[0]
+        else:
+            self.prefills.add(request_id)
+        if prefill:
+            self.prefill_tokens += new_tokens
+        cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
+        self.used_ms += cost_ms
+        self.charged_ms += cost_ms
+        self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
+
+    def refund(self, request_id: str) -> None:
+        """A request charged (or reserved) in this step leaves it: preempted within the step."""
+        charged = self.charged.pop(request_id, None)
+        if charged is not None:
+            self.used_ms -= charged[2]
+            self.charged_ms -= charged[2]
+            if request_id in self.prefills:
+                self.prefill_tokens -= charged[0]
+        self.prefills.discard(request_id)
+        if not self.prefills:  # (with others left, the order they set stands: a longer prompt waits a step)
+            self.unfinished_tokens = math.inf
+
+    def settle(self, scheduled: Collection[str]) -> None:
+        """End of step: refund reservations of decodes the step did not schedule.
+
+        Every scheduled request is charged, so equal sizes mean equal sets: the usual
+        step costs one comparison.
+        """
+        if len(self.charged) != len(scheduled):
+            for request_id in [r for r in self.charged if r not in scheduled]:
+                self.refund(request_id)
+
+    def pairs(self) -> tuple[tuple[int, int], ...]:
+        """The step's (chunk_tokens, history_tokens) pairs, in the order they were charged."""
+        return tuple((chunk, history) for chunk, history, _ in self.charged.values())
+
+    def predicted_ms(self) -> float:
+        """The model's time of the step's charged requests (fixed cost included)."""
+        return self.rule.model.fixed_ms + self.charged_ms

@@ -19,6 +19,7 @@ from vllm_ascend.core import (
     cpp_planner,
     cpp_profiling,
     cpp_samples,
+    cpp_step_budget,
     cpp_traffic,
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
@@ -103,6 +104,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
+    says("docs/cpp.md", f"one behind it is still admitted; at most {cpp_step_budget.PASS_OVER_LIMIT} per step")
     window, fewest = cpp_traffic.TRAFFIC_WINDOW, cpp_traffic.MIN_ARRIVALS
     says("docs/cpp.md", f"the arrival rate over the latest {window} arrivals (none before {fewest})")
     says("docs/cpp.md", f"the sizes of the latest {cpp_traffic.TRAFFIC_WINDOW} prefills")

@@ -79,6 +79,10 @@ class StepBudget:
 
     def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
         """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
+        if remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
+            allowed_tokens, self.plan.batch_tokens - self.prefill_tokens
+        ):
+            return 0  # it cannot finish in this batch, so it waits (below); no chunk to work out
         rule, target_ms = self.rule, self.plan.target_ms
         wanted = rule.wanted_chunk(history_tokens, remaining_tokens, self.plan)
         # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.

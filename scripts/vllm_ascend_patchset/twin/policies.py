@@ -41,6 +41,9 @@ class Policy:
     kind: str  # fixed | upstream | ours
     max_num_batched_tokens: int
     additional_config: dict[str, Any] = field(default_factory=dict, hash=False)
+    # ours only: start from this saved profile's samples (an engine's), as a server restarting
+    # from its cache does, instead of profiling the twin's surface
+    start_profile: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,6 +51,7 @@ class Policy:
             "kind": self.kind,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "additional_config": self.additional_config,
+            "start_profile": self.start_profile,
         }
 
     @property

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -22,6 +23,8 @@ from typing import Any
 
 from ..npu_stubs import import_vllm, install_npu_stubs, set_cpu_environment
 from ..trees import load_module_from_tree
+
+CPP_CONFIG_KEY = "profiling_chunk_config"
 
 UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop
@@ -79,20 +82,28 @@ class PolicyRunner:
         max_model_len = max(
             self.workload.max_request_tokens + MODEL_LEN_SLACK_TOKENS, int(policy["max_num_batched_tokens"])
         )
-        vllm_config = make_vllm_config(
-            max_num_batched_tokens=int(policy["max_num_batched_tokens"]),
-            num_stages=self.num_stages,
-            max_model_len=max_model_len,
-            additional_config=policy.get("additional_config") or {},
-            async_scheduling=self.async_scheduling,
-        )
-        scheduler_cls = self._scheduler_class(kind)
-        scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
-        executor = SurfaceExecutor(vllm_config, self.timer)
-        setup_s = self._start_up(kind, scheduler, executor)
-        profiled_rule = getattr(scheduler, "cpp_rule", None)
-        driver = VllmDriver(scheduler, self.workload, TIMING_RULES.get(kind))
-        batches = run_pipeline(driver, self.timer, self.num_stages, vllm_config.max_concurrent_batches)
+        additional_config = policy.get("additional_config") or {}
+        start_profile = policy.get("start_profile")
+        with tempfile.TemporaryDirectory(prefix="cpp-twin-profile-") as profile_dir:
+            if start_profile:
+                cpp = {**additional_config.get(CPP_CONFIG_KEY, {}), "cache_dir": profile_dir}
+                additional_config = {**additional_config, CPP_CONFIG_KEY: cpp}
+            vllm_config = make_vllm_config(
+                max_num_batched_tokens=int(policy["max_num_batched_tokens"]),
+                num_stages=self.num_stages,
+                max_model_len=max_model_len,
+                additional_config=additional_config,
+                async_scheduling=self.async_scheduling,
+            )
+            if start_profile:
+                seed_profile_cache(Path(start_profile), vllm_config, profile_dir)
+            scheduler_cls = self._scheduler_class(kind)
+            scheduler = make_scheduler(scheduler_cls, vllm_config, kv_blocks_for(self.workload))
+            executor = SurfaceExecutor(vllm_config, self.timer)
+            setup_s = self._start_up(kind, scheduler, executor)
+            profiled_rule = getattr(scheduler, "cpp_rule", None)
+            driver = VllmDriver(scheduler, self.workload, TIMING_RULES.get(kind))
+            batches = run_pipeline(driver, self.timer, self.num_stages, vllm_config.max_concurrent_batches)
         return {
             "calibration": describe_calibration(scheduler, profiled_rule, self.workload),
             "policy": policy,
@@ -172,6 +183,28 @@ def describe_calibration(scheduler: Any, profiled_rule: Any, workload: Any) -> d
         "profiled_target_ms": profiled_rule.plan_target(first).target_ms,
         "final_target_ms": final_rule.plan_target(first).target_ms,
     }
+
+
+def seed_profile_cache(profile: Path, vllm_config: Any, cache_dir: str) -> None:
+    """Put ``profile``'s samples (a profile an engine saved) in ``cache_dir`` under this twin engine's
+    fingerprint, so ours starts from them as a restarted server does: the same samples, judged by the
+    same acceptance, give the twin's run the engine's latency model (granule included)."""
+    from vllm_ascend.core.cpp_profile_store import cache_file, fingerprint_for, save_profile
+
+    data = json.loads(profile.read_text())
+    fingerprint = fingerprint_for(vllm_config)
+    base_chunk_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+    if data.get("base_chunk_size") != base_chunk_tokens:
+        found = data.get("base_chunk_size")
+        raise ValueError(
+            f"{profile}: base_chunk_size {found} is not the policy's max_num_batched_tokens {base_chunk_tokens}"
+        )
+    save_profile(
+        cache_file(cache_dir, fingerprint),
+        fingerprint=fingerprint,
+        base_chunk_tokens=base_chunk_tokens,
+        samples=data["samples"],
+    )
 
 
 def start_ours(scheduler: Any, executor: Any, tree: Path) -> None:

@@ -76,7 +76,9 @@ def test_a_server_that_exits_before_ready_is_reported_with_its_code():
 
 
 def test_a_server_that_never_answers_times_out_and_is_stopped():
-    server = serve_ab.start_server([sys.executable, "-c", "import time; time.sleep(600)"])  # stopped long before
+    # (SIGINT's handler set again: a shell starts a background job with SIGINT ignored, and Python keeps that)
+    child = "import signal, time; signal.signal(signal.SIGINT, signal.default_int_handler); time.sleep(600)"
+    server = serve_ab.start_server([sys.executable, "-c", child])  # stopped long before
     try:
         with pytest.raises(TimeoutError, match="not ready after 0.3 s"):
             serve_ab.wait_ready(server, f"http://127.0.0.1:{_free_port()}/health", 0.3, POLL_S)

@@ -105,6 +105,8 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
     says("docs/cpp.md", f"one behind it is still admitted; at most {cpp_step_budget.PASS_OVER_LIMIT} per step")
+    says("docs/cpp.md", f"the first {cpp_step_budget.PASS_OVER_LIMIT} waiting requests (from their prefix-cache hits")
+    says("docs/cpp.md", f"latest prefills is within {cpp_planner.TUNED_CHUNK_SLACK:.0%} of the least")
     window, fewest = cpp_traffic.TRAFFIC_WINDOW, cpp_traffic.MIN_ARRIVALS
     says("docs/cpp.md", f"the arrival rate over the latest {window} arrivals (none before {fewest})")
     says("docs/cpp.md", f"the sizes of the latest {cpp_traffic.TRAFFIC_WINDOW} prefills")

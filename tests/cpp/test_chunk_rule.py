@@ -325,6 +325,83 @@ def test_two_long_prompts_run_one_after_the_other_and_a_short_one_joins_them():
     assert budget.admit(0, 70_000, 8192) == PASS_OVER
 
 
+def run_allotted_step(rule, plan, decodes, prefills, waited_s):
+    """As ``run_step``, with the prefills allotted at step start (as the scheduler does), then visited in order."""
+    budget = StepBudget(rule, plan)
+    budget.reserve_decodes((f"decode-{index}", n, h) for index, (n, h) in enumerate(decodes))
+    budget.allot(
+        [(f"prefill-{i}", h, r, waited_s[i]) for i, (h, r, _) in enumerate(prefills)],
+    )
+    granted = []
+    for index, (history_tokens, remaining_tokens, allowed_tokens) in enumerate(prefills):
+        chunk_tokens = budget.grant(history_tokens, remaining_tokens, allowed_tokens, f"prefill-{index}")
+        if chunk_tokens > 0:
+            budget.charge(f"prefill-{index}", chunk_tokens, history_tokens)
+        granted.append(chunk_tokens)
+    return budget, granted
+
+
+@PROPERTIES
+@given(steps(), st.data())
+def test_an_allotted_step_leaves_at_most_one_prefill_unfinished_and_fits_the_target(step, data):
+    """Allotted in response-ratio order, whatever order vLLM visits them in: every prefill that
+    gets tokens finishes in the batch but one, and the batch keeps to the target as granting does."""
+    rule, plan, decodes, prefills = step
+    waited_s = [data.draw(st.floats(0.0, 1e4), label=f"waited-{i}") for i in range(len(prefills))]
+    budget, granted = run_allotted_step(rule, plan, decodes, prefills, waited_s)
+    allotted = [budget.allotted.get(f"prefill-{i}", 0) for i in range(len(prefills))] if len(prefills) > 1 else granted
+    assert sum(0 < a < remaining for a, (_, remaining, _) in zip(allotted, prefills, strict=True)) <= 1
+    for chunk_tokens, limit, (_, remaining_tokens, allowed_tokens) in zip(granted, allotted, prefills, strict=True):
+        assert 0 <= chunk_tokens <= min(allowed_tokens, remaining_tokens, limit, rule.limits.base_chunk_tokens)
+    if budget.prefills and budget.charged_ms > 0:  # a batch of more than the first prefill's floor keeps to T
+        first_floor_ms = max(
+            rule.model.request_ms(min(c, rule.limits.floor_tokens), h)
+            for c, (h, _, _) in zip(granted, prefills, strict=True)
+        )
+        reserved_ms = rule.model.fixed_ms + sum(rule.model.request_ms(n, h) for n, h in decodes)
+        tail_ms = plan.target_ms * (1.0 + rule.limits.tail_tolerance)
+        assert budget.used_ms <= max(tail_ms, reserved_ms + first_floor_ms) * (1 + 1e-9) + 1e-9
+
+
+def test_a_short_prompt_visited_after_a_long_one_is_sized_first():
+    """vLLM visits the running long prompt first; allotted, the short one behind it takes the tokens it
+    finishes with and the long one what is left, not the other way round (nothing, or a crumb a step,
+    for the short one)."""
+    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 2)
+    plan = rule.plan(model.time_ms(2000, 20_000))
+    wanted = rule.wanted_chunk(20_000, 30_000, plan)
+    visited = StepBudget(rule, plan)  # granted as visited: the long one fills the batch
+    assert visited.grant(20_000, 30_000, 8192) == wanted
+    visited.charge("long", wanted, 20_000)
+    assert visited.grant(0, 400, 8192) < 400
+    budget = StepBudget(rule, plan)
+    budget.allot([("long", 20_000, 30_000, 5.0), ("short", 0, 400, 0.1)])
+    long_chunk = budget.grant(20_000, 30_000, 8192, "long")
+    budget.charge("long", long_chunk, 20_000)
+    assert budget.grant(0, 400, 8192, "short") == 400
+    budget.charge("short", 400, 0)
+    assert 0 < long_chunk < wanted
+    assert budget.used_ms <= plan.target_ms * (1 + 1e-9)
+
+
+def test_a_long_prompt_that_waited_as_long_as_its_work_goes_before_a_new_short_one():
+    """The response ratio: (waited + work) / work. A long prompt waited long goes first; a short one
+    that has just come waits for the next step, then wins as it waits (no long prompt starves)."""
+    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 2)
+    plan = rule.plan(model.time_ms(1000, 0))
+    tokens_per_s = 1000.0 * LIMITS.cap_tokens / model.time_ms(LIMITS.cap_tokens, 0)
+    work_s = 20_000 / tokens_per_s
+    budget = StepBudget(rule, plan)
+    budget.allot([("short", 0, 2000, 0.0), ("long", 0, 20_000, 2 * work_s)])
+    assert budget.allotted["long"] > 0 and budget.allotted["short"] == 0
+    assert budget.admit(0, 2000, 8192, "short") == PASS_OVER  # passed over, keeps its place
+    budget.start()
+    budget.allot([("short", 0, 2000, 0.5 * work_s), ("long", 1000, 19_000, 2.5 * work_s)])
+    assert budget.allotted["short"] > 0
+
+
 @settings(max_examples=30, deadline=None)
 @given(rules(granule=True))
 def test_a_rule_of_any_table_answers_in_range_and_finite(rule):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, measured_model
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
-from vllm_ascend.core.cpp_planner import plan_target, target_bounds
+from vllm_ascend.core.cpp_planner import TUNED_CHUNK_SLACK, plan_target, target_bounds
 from vllm_ascend.core.cpp_traffic import (
     MIN_ARRIVALS,
     MIN_ROOM,
@@ -222,7 +222,8 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     held = [(0, 60_000), (0, 12_000)]
     fixed_ms = rule.model.fixed_ms + 2.0
     load = Load(2e-4, 0.2, PROMPTS)
-    bound = fixed_chunk_batch_ms(rule, held, tuned_fixed_chunk(rule, load, fixed_ms, len(held)), fixed_ms)
+    tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(held), TUNED_CHUNK_SLACK)
+    bound = fixed_chunk_batch_ms(rule, held, tuned, fixed_ms)
     low, high = target_bounds(rule, held, fixed_ms)
     alone = plan_target(rule, held, fixed_ms=fixed_ms, load=load).target_ms
     plan = plan_target(rule, held, fixed_ms=fixed_ms, decoding=16, load=load)
@@ -230,11 +231,22 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     assert low * (1 - 1e-6) <= planned <= max(low, min(bound, high)) * (1 + 1e-6)
     assert planned <= alone * (1 + 1e-6)  # decodes never lengthen the batches
     # Nor does any chunk exceed the tuned one, at any history: no batch is longer than its there.
-    tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(held))
     for history in (0, 2000, 20_000, 70_000):
         assert rule.wanted_chunk(history, 10**6, plan) <= tuned
     assert plan.batch_tokens == tuned  # and prefills packed in one batch share that many tokens
     assert plan_target(rule, held, fixed_ms=fixed_ms, load=load).batch_tokens == math.inf  # none without decodes
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE])
+def test_the_decode_bound_takes_the_smallest_chunk_near_the_best(truth):
+    """With a slack, the tuned chunk is the smallest size within it of the least predicted mean TTFT:
+    never larger than the best one, and no larger as the slack grows."""
+    rule = rule_for(truth, 4)
+    load = Load(2e-4, 0.2, PROMPTS)
+    sizes = [tuned_fixed_chunk(rule, load, rule.model.fixed_ms, 2, slack) for slack in (0.0, 0.02, 0.05, 0.2, 1e9)]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[-1] == min(c for c in rule.model.chunk_tokens if c >= rule.limits.floor_tokens)  # any size at all
+    assert sizes[0] > sizes[-1]
 
 
 def test_a_burst_does_not_lengthen_the_batches_decodes_wait_for():
@@ -242,8 +254,8 @@ def test_a_burst_does_not_lengthen_the_batches_decodes_wait_for():
     rule = rule_for(TRUE, 4)
     held = [(0, 60_000), (0, 12_000)]
     fixed_ms = rule.model.fixed_ms + 2.0
-    steady = tuned_fixed_chunk(rule, Load(1e-4, 0.1, PROMPTS), fixed_ms, len(held))
-    burst = tuned_fixed_chunk(rule, Load(5e-3, 0.1, PROMPTS), fixed_ms, len(held))
+    steady = tuned_fixed_chunk(rule, Load(1e-4, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
+    burst = tuned_fixed_chunk(rule, Load(5e-3, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
     assert burst > steady  # the premise: a burst alone would tune a larger chunk
     load = Load(5e-3, 0.1, PROMPTS, steady_per_ms=1e-4, steady_error=0.1)
     assert plan_target(rule, held, fixed_ms=fixed_ms, decoding=4, load=load).batch_tokens == steady

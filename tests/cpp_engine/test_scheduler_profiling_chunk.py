@@ -286,43 +286,103 @@ def test_a_waiting_prompt_is_planned_from_its_prefix_cache_hit(tmp_path, profile
     assert scheduler.cpp_policy.traffic.load().jobs[-2:] == ((4096, 500), (0, 700))  # sizes without the hit
 
 
-def test_waiting_requests_keep_fcfs_order(tmp_path, profiled, monkeypatch):
-    """With little time left, the first waiting request takes what fits; a smaller one behind it waits."""
+def test_a_shorter_waiting_request_is_sized_first(tmp_path, profiled, monkeypatch):
+    """With little time left, the shortest waiting request takes what fits, ahead of an older longer one,
+    which is passed over: it keeps its place ahead of later arrivals and comes next."""
     scheduler = cached_scheduler(tmp_path, profiled, tail_tolerance=0.0)
     rule = scheduler.cpp_rule
-    left_ms = rule.model.request_ms(40, 0)  # exactly what w2 would need
-    original = ProfilingChunkScheduler.schedule_step_starts
+    left_ms = rule.model.request_ms(40, 0)  # exactly what w2 needs
+    allot = StepBudget.allot
 
-    def step_with_little_time_left(self, token_budget):
-        token_budget = original(self, token_budget)
-        budget = self.cpp_policy.budget
-        budget.used_ms = budget.target_ms - left_ms  # another prefill already took the rest
-        budget.prefills.add("elsewhere")
-        return token_budget
+    def little_time_left(self, *args):
+        self.used_ms = self.target_ms - left_ms  # another prefill already took the rest
+        self.prefills.add("elsewhere")
+        allot(self, *args)
 
-    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_with_little_time_left)
+    monkeypatch.setattr(StepBudget, "allot", little_time_left)
     scheduler.add_request(request("w1", 300, 1, start=8000))
     scheduler.add_request(request("w2", 40, 1, start=9000))
-    first = scheduler.schedule()
-    assert first.num_scheduled_tokens == {"w1": rule.chunk_within(0, left_ms, 300)}  # w2 does not jump the queue
-    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", original)
-    admitted = list(scheduler.schedule().num_scheduled_tokens)
-    assert admitted in (["w1"], ["w1", "w2"])  # in arrival order
+    assert scheduler.schedule().num_scheduled_tokens == {"w2": 40}
+    monkeypatch.undo()
+    scheduler.add_request(request("w3", 20, 1, start=10_000))
+    assert list(scheduler.schedule().num_scheduled_tokens) == ["w1", "w3"]  # w1 first, in its place
+
+
+def test_the_twin_starts_ours_from_the_samples_an_engine_saved(tmp_path, profiled):
+    """The e2e twin's ours: an engine's saved samples, filed under this engine's fingerprint, are
+    adopted as a cached profile (the engine's model and decisions) without a profiling run."""
+    from vllm_ascend_patchset.twin.worker import seed_profile_cache
+
+    engine = profiled[2]
+    saved = cpp_profile_store.cache_file(
+        str(profiled[0] / "cache"), cpp_profile_store.fingerprint_for(engine.vllm_config)
+    )
+    settings = {"enabled": True, "cache_dir": str(tmp_path / "seeded"), "min_chunk": 64}
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler,
+        model_dir=tmp_path / "another-model",  # another fingerprint than the engine that profiled
+        num_blocks=1024,
+        max_num_batched_tokens=BASE_CHUNK,
+        max_num_seqs=16,
+        max_model_len=8192,
+        block_size=BLOCK_SIZE,
+        pipeline_parallel_size=2,
+        additional_config={"profiling_chunk_config": settings},
+    )
+    seed_profile_cache(saved, scheduler.vllm_config, settings["cache_dir"])
+    executor = FakeExecutor(fail_after=0)
+    scheduler.run_profiling_chunk_init(executor)
+    assert executor.calls == [] and scheduler.cpp_rule is not None
+    assert scheduler.cpp_source.startswith(f"cache {tmp_path / 'seeded'}")
+    for chunk_tokens, history_tokens in [(64, 7000), (512, 0)]:
+        assert scheduler.cpp_rule.model.time_ms(chunk_tokens, history_tokens) == pytest.approx(
+            engine.cpp_rule.model.time_ms(chunk_tokens, history_tokens)
+        )
+
+
+def test_a_short_prompt_arriving_beside_a_long_one_is_sized_first_and_a_starved_one_catches_up(tmp_path, profiled):
+    """The step is allotted by response ratio on the scheduler's clock (``cpp_clock``, the clock of
+    arrival times): a short prompt that arrives while a long one runs takes its whole prompt in its
+    first step, ahead of the long one vLLM visits first; a long one that has waited long comes first."""
+    scheduler = cached_scheduler(tmp_path, profiled)
+    now = [100.0]
+    scheduler.cpp_clock = lambda: now[0]
+    long = request("long", 6000, 1)
+    long.arrival_time = 100.0
+    scheduler.add_request(long)
+    alone = scheduler.schedule().num_scheduled_tokens["long"]
+    assert 0 < alone < 6000
+    short = request("short", 40, 1, start=20_000)
+    short.arrival_time = 100.0
+    scheduler.add_request(short)
+    out = scheduler.schedule()
+    step = out.num_scheduled_tokens
+    assert step["short"] == 40 and step["long"] > 0 and sum(step.values()) <= BASE_CHUNK
+    budget = scheduler.cpp_policy.budget
+    assert budget.predicted_ms() <= budget.target_ms * (1 + TAIL_TOLERANCE)
+
+    scheduler = cached_scheduler(tmp_path, profiled)
+    scheduler.cpp_clock = lambda: now[0]
+    late = request("late", 300, 1, start=30_000)
+    late.arrival_time = now[0] = 1e6  # the long one waited a million seconds
+    old = request("old", 6000, 1)
+    old.arrival_time = 0.0
+    scheduler.add_request(old)
+    scheduler.add_request(late)
+    step = scheduler.schedule().num_scheduled_tokens
+    assert step.get("old", 0) > 0 and step.get("late", 0) < 300
 
 
 def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, profiled, monkeypatch):
     """With decodes reserved past the target, the step's first prefill still advances by the floor."""
     scheduler = cached_scheduler(tmp_path, profiled)
-    original = ProfilingChunkScheduler.schedule_step_starts
+    allot = StepBudget.allot
 
-    def step_full_of_decodes(self, token_budget):
-        token_budget = original(self, token_budget)
-        self.cpp_policy.budget.reserve_decodes(
-            [("decodes", 1, 10**9)]
-        )  # one decode at an absurd history: the budget is gone
-        return token_budget
+    def step_full_of_decodes(self, *args):
+        self.reserve_decodes([("decodes", 1, 10**9)])  # one decode at an absurd history: the budget is gone
+        allot(self, *args)
 
-    monkeypatch.setattr(ProfilingChunkScheduler, "schedule_step_starts", step_full_of_decodes)
+    monkeypatch.setattr(StepBudget, "allot", step_full_of_decodes)
     scheduler.add_request(request("w1", 3000, 1, start=8000))
     scheduler.add_request(request("w2", 3000, 1, start=9000))
     first = scheduler.schedule()

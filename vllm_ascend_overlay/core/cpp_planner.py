@@ -27,9 +27,11 @@ token of the prefills the scheduler holds, given P stages:
    steps, where the best target lies.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
-   and queued prefills would get under the fixed chunk tuned for this traffic (the size
-   whose predicted mean TTFT under the same load and queue is least: the chunk a user
-   would tune by hand; a fixed chunk packs short prompts into one batch), no chunk is
+   and queued prefills would get under the fixed chunk tuned for this traffic (the
+   smallest size whose predicted mean TTFT under the same load and queue is within
+   ``TUNED_CHUNK_SLACK`` of the least: the chunk a user would tune by hand, who near the
+   flat bottom of that curve takes the smaller size for the shorter batches, and whose
+   prediction is no sharper than that; a fixed chunk packs short prompts into one batch), no chunk is
    larger than that chunk (the plan's C*(H) is capped by it) and the prefills of one
    batch share that many tokens (``Plan.batch_tokens``), so at any history no batch is
    longer than that chunk's would be there: decodes wait no longer than under it,
@@ -62,7 +64,14 @@ from vllm_ascend.core.cpp_traffic import (
     tuned_fixed_chunk,
 )
 
-__all__ = ["DECODE_SLACK", "EXACT_MAX_CHUNKS", "PLAN_MAX_PREFILLS", "plan_target", "prefill_chunk_ms"]
+__all__ = [
+    "DECODE_SLACK",
+    "EXACT_MAX_CHUNKS",
+    "PLAN_MAX_PREFILLS",
+    "TUNED_CHUNK_SLACK",
+    "plan_target",
+    "prefill_chunk_ms",
+]
 
 PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for one by one (FCFS head; later ones as a queue)
 _PLAN_GRID = 16  # candidate targets per search round (two rounds)
@@ -70,6 +79,7 @@ _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low
 EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
 _STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
 DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best mean TTFT
+TUNED_CHUNK_SLACK = 0.05  # rule 4's chunk: the smallest fixed chunk within 5% of the best predicted mean TTFT
 
 
 def target_bounds(rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
@@ -127,7 +137,7 @@ def plan_target(
         # chunk tuned for this traffic would make of the prefills held and queued, and no
         # chunk larger than that chunk, so that at any history no batch is longer than its.
         # A user tunes one chunk for the traffic at large: at its steady rate, not a burst's.
-        tuned = tuned_fixed_chunk(rule, load.steady(), fixed_ms, len(positions))
+        tuned = tuned_fixed_chunk(rule, load.steady(), fixed_ms, len(positions), TUNED_CHUNK_SLACK)
         efficient, batch_tokens = efficient.capped(tuned), int(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):

@@ -1,19 +1,23 @@
 """One scheduling step of dynamic chunked pipeline parallelism (CPP): the step budget.
 
 ``StepBudget`` applies the chunk rule (core/cpp_chunk_rule.py) within one step. Running
-decodes are reserved first, at their true history (never cut); then each prefill, in
-vLLM's order, is granted its chunk, cut to what is left of the batch-time target T.
+decodes are reserved first, at their true history (never cut); then the prefills are
+sized, each its chunk cut to what is left of the batch-time target T.
 
-Prefills do not share batches as equals. A prompt that would not finish in this batch
-joins it only if it has fewer tokens left than every such prompt granted before it in
-the step: shortest remaining first. A short prompt is served beside a long one (its
-first token comes early, which is the mean TTFT's gain), but a long prompt never takes
-time from a shorter or older one that has not finished: two long prompts run one after
-the other, as under a fixed chunk, instead of side by side at half speed each, which
-would delay the first one's first token and keep whatever decodes beside them waiting
-on both. A waiting prompt kept out this way is passed over, not a stop to admission
-(``admit``), so shorter ones behind it are still reached; at most ``PASS_OVER_LIMIT``
-per step, which bounds the prefix-cache lookups the loop makes for them.
+Order. vLLM visits running requests in admission order, then waiting ones. Sized as
+visited, an old long prompt fills the batch and a short one behind it gets a crumb a
+step, one token step after step. So at step start the running prefills and the first
+waiting requests are allotted their chunks (``allot``) in order of response ratio,
+(waited + work left) / work left: the shortest first, the mean TTFT's gain, while a long
+prompt gains on a new short one as it waits, so a stream of short prompts cannot starve
+it. One prefill a step may stay unfinished; the others in the batch finish in it. Two
+long prompts thus run one after the other, as under a fixed chunk, not side by side at
+half pace each, which would delay the first one's first token and keep the decodes beside
+them waiting on both. Prefills visited without an allotment (waiting further back) get
+tokens only if they finish in the batch or have fewer left than the unfinished one
+(shortest remaining first). A waiting request that gets nothing this way is passed over,
+not a stop to admission (``admit``), so shorter ones behind it are still reached; at most
+``PASS_OVER_LIMIT`` per step, which bounds the prefix-cache lookups the loop makes.
 
 The step's first prefill always advances by at least the floor, so prefills never
 starve behind decodes. Pure Python and numpy: no vLLM.
@@ -22,7 +26,7 @@ starve behind decodes. Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, Plan
@@ -61,6 +65,7 @@ class StepBudget:
         self.prefill_tokens = 0  # tokens charged to prefills in this step
         self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
         self.passed_over = 0  # waiting requests passed over in this step
+        self.allotted: dict[str, int] = {}  # request -> chunk, worked out shortest remaining first (``allot``)
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
@@ -77,45 +82,122 @@ class StepBudget:
         self.used_ms += total_ms
         self.charged_ms += total_ms
 
-    def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
+    def allot(
+        self,
+        prefills: Sequence[tuple[str, int, int, float]],
+        step_tokens: float = math.inf,
+        request_tokens: float = math.inf,
+    ) -> None:
+        """Work out this step's prefill chunks before vLLM visits them, highest response ratio first.
+
+        ``prefills`` are (request, history_tokens, remaining_tokens, waited_s) of the running
+        prefills and the first waiting requests (history: their prefix-cache hit; waited: since
+        arrival). vLLM visits running requests in admission order, so granting as it visits lets
+        an old long prompt fill the batch and leaves a shorter one behind it a crumb a step (one
+        token, step after step). Here each is sized in order of its response ratio, (waited +
+        work left) / work left, the work at the pipeline's rate at the base chunk: the shortest
+        first, but a long prompt that has waited as long as its own work gains on a new short
+        one, so none starves behind a stream of shorter ones (waiting counts to the end of this
+        step: among ones that have just come, the shortest first). ``grant`` and ``admit`` then
+        answer from this allotment. ``step_tokens`` is vLLM's token budget for the step (the
+        reserved decodes' tokens come off it), ``request_tokens`` its cap on one request's.
+        """
+        self.allotted = {}
+        if len(prefills) < 2:
+            return  # one prefill: granted as visited, the same chunk
+        model, used_ms, prefill_tokens = self.rule.model, self.used_ms, self.prefill_tokens
+        first, alone = not self.prefills, not self.charged
+        tokens_per_s = 1000.0 * self.rule.limits.cap_tokens / model.time_ms(self.rule.limits.cap_tokens, 0)
+
+        step_s = self.plan.target_ms / 1000.0
+        tokens_left = step_tokens - sum(charged[0] for charged in self.charged.values())
+
+        def ratio_order(prefill: tuple[str, int, int, float]) -> tuple[float, int]:
+            # Counted at the end of this step, as if it waited through it: among ones that have
+            # just come, the shortest loses the most by waiting, so it comes first.
+            remaining_tokens, waited_s = prefill[2], max(0.0, prefill[3]) + step_s
+            return remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
+
+        for request_id, history_tokens, remaining_tokens, _ in sorted(prefills, key=ratio_order):
+            allowed_tokens = int(max(0, min(remaining_tokens, request_tokens, tokens_left)))
+            chunk = self._sized(history_tokens, remaining_tokens, allowed_tokens, used_ms, prefill_tokens, first, alone)
+            if chunk < remaining_tokens and self.unfinished_tokens < math.inf:
+                chunk = 0  # one prefill a step that the batch does not finish: the rest finish or wait
+            self.allotted[request_id] = chunk
+            if chunk > 0:
+                if chunk < remaining_tokens:
+                    self.unfinished_tokens = remaining_tokens
+                used_ms += model.request_ms(chunk, history_tokens)
+                prefill_tokens += chunk
+                tokens_left -= chunk
+                first = alone = False
+
+    def grant(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int, request_id: str = "") -> int:
         """Tokens a prefill at ``history_tokens`` with ``remaining_tokens`` left may take now (<= allowed)."""
+        allotted = self.allotted.get(request_id)
+        if allotted is not None:
+            return min(allotted, allowed_tokens, remaining_tokens)
+        chunk = self._sized(
+            history_tokens,
+            remaining_tokens,
+            allowed_tokens,
+            self.used_ms,
+            self.prefill_tokens,
+            not self.prefills,
+            not self.charged,
+        )
+        if 0 < chunk < remaining_tokens:
+            self.unfinished_tokens = remaining_tokens
+        return chunk
+
+    def _sized(
+        self,
+        history_tokens: int,
+        remaining_tokens: int,
+        allowed_tokens: int,
+        used_ms: float,
+        prefill_tokens: int,
+        first: bool,
+        alone: bool,
+    ) -> int:
+        """The chunk rule for one prefill, given what the step already holds (``used_ms`` of the
+        target, ``prefill_tokens``; ``first``: no prefill yet; ``alone``: nothing charged yet)."""
         if remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
-            allowed_tokens, self.plan.batch_tokens - self.prefill_tokens
+            allowed_tokens, self.plan.batch_tokens - prefill_tokens
         ):
             return 0  # it cannot finish in this batch, so it waits (below); no chunk to work out
         rule, target_ms = self.rule, self.plan.target_ms
         wanted = rule.wanted_chunk(history_tokens, remaining_tokens, self.plan)
         # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.
-        chunk = min(
-            wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - self.used_ms, remaining_tokens)
-        )
+        chunk = min(wanted, rule.chunk_within(history_tokens, target_ms * (1.0 + 1e-9) - used_ms, remaining_tokens))
         if (
             wanted == remaining_tokens
             and chunk < remaining_tokens
-            and self.used_ms + rule.model.request_ms(remaining_tokens, history_tokens)
+            and used_ms + rule.model.request_ms(remaining_tokens, history_tokens)
             <= (1.0 + rule.limits.tail_tolerance) * target_ms
         ):
             chunk = remaining_tokens  # the whole tail: no extra step for it
-        if not self.prefills:
+        if first:
             # The step's first prefill advances by at least the floor (or its whole tail),
             # even when decodes fill the budget; alone in the batch it gets its own chunk.
             chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
-            if not self.charged:
+            if alone:
                 chunk = max(chunk, wanted)
-        chunk = max(0, min(chunk, allowed_tokens, self.plan.batch_tokens - self.prefill_tokens))
-        if chunk < remaining_tokens:
-            if remaining_tokens >= self.unfinished_tokens:
-                return 0  # shortest remaining first: it waits for the unfinished prefill granted before it
-            if chunk > 0:
-                self.unfinished_tokens = remaining_tokens
+        chunk = max(0, min(chunk, allowed_tokens, self.plan.batch_tokens - prefill_tokens))
+        if chunk < remaining_tokens and remaining_tokens >= self.unfinished_tokens:
+            return 0  # shortest remaining first: it waits for the unfinished prefill granted before it
         return chunk
 
-    def admit(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int) -> int:
+    def admit(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int, request_id: str = "") -> int:
         """``grant`` for a waiting request; ``PASS_OVER`` when it gets nothing and has at least as many
-        tokens left as a prefill this step does not finish (a shorter request behind it may still be
-        admitted), 0 to stop admission for this step (first come, first served)."""
-        granted = self.grant(history_tokens, remaining_tokens, allowed_tokens)
-        if granted <= 0 and remaining_tokens >= self.unfinished_tokens and self.passed_over < PASS_OVER_LIMIT:
+        tokens left as a prefill this step does not finish, or was allotted nothing (a shorter request
+        behind it may still be admitted), 0 to stop admission for this step (first come, first served)."""
+        granted = self.grant(history_tokens, remaining_tokens, allowed_tokens, request_id)
+        if (
+            granted <= 0
+            and (remaining_tokens >= self.unfinished_tokens or request_id in self.allotted)
+            and self.passed_over < PASS_OVER_LIMIT
+        ):
             self.passed_over += 1
             return PASS_OVER
         return granted

@@ -138,8 +138,9 @@ def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
     return rate * square_ms / (2.0 * room)
 
 
-def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1) -> float:
-    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT.
+def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1, slack: float = 0.0) -> float:
+    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT
+    (with ``slack``, the smallest size whose predicted mean TTFT is within that share of the least).
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
     to the cap, a job chunked at that size takes its own time plus a batch's fixed cost per
@@ -171,7 +172,7 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)
     ttft_ms = queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
-    return float(sizes[int(np.argmin(ttft_ms))])
+    return float(np.min(sizes[ttft_ms <= np.min(ttft_ms) * (1.0 + slack)]))
 
 
 def fixed_chunk_batch_ms(

@@ -12,11 +12,13 @@ Here is only the bookkeeping:
   nothing valid was measured, vLLM's own loop with fixed chunks of
   ``max_num_batched_tokens``. One log line says which;
 - each step that holds or may admit a prefill: running decodes are reserved at their
-  true history, then every prefill, running or waiting, is granted its chunk at its true
+  true history, then the running prefills and the first waiting requests are allotted
+  their chunks in response-ratio order (core/cpp_held.py reads them, with the time each
+  has waited on ``cpp_clock``, the clock of arrival times), and every prefill vLLM visits,
+  running or waiting, gets its allotment or else its chunk of what is left, at its true
   history (prefix-cache hits included); a grant of 0 skips a running request, and passes
-  over a waiting one that a shorter prompt ahead keeps out (the next may be shorter) or
-  stops admission. A step with no prefill left and none waiting holds decodes only and
-  is not sized (nor looked at per request);
+  over a waiting one (the next may be shorter) or stops admission. A step with no prefill
+  left and none waiting holds decodes only and is not sized (nor looked at per request);
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
   prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
   from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
@@ -41,34 +43,25 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
+from vllm_ascend.core.cpp_held import allotment_candidates, plan_shape, prefix_hit_tokens, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
+from vllm_ascend.core.cpp_step_budget import PASS_OVER_LIMIT
 from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 
 logger = get_logger(__name__)
 
 PLAN_LOOKAHEAD = 256  # waiting requests a plan sees: the first ones one by one, the rest as a queue
-
-
-def _shape(held: list[tuple[int, int]], decoding: int) -> tuple:
-    """What a plan depends on, each within a factor of sqrt(2): the first prefill's history and
-    remaining tokens, how many prefills are held, their remaining and longest tokens, the decodes."""
-
-    def bucket(value: int) -> int:
-        return int(2.0 * math.log2(value + 1))
-
-    remaining = [r for _, r in held]
-    head_history, head_remaining = held[0]
-    return tuple(bucket(v) for v in (head_history, head_remaining, len(held), sum(remaining), max(remaining), decoding))
 
 
 class ProfilingChunkScheduler(BalanceScheduler):
@@ -93,6 +86,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
+        self.cpp_clock = time.time  # the clock of requests' arrival_time (the twin sets its simulated one)
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -231,12 +225,20 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget.reserve_decodes(decodes)
         self._cpp_open_prefills = prefills  # and, after the step, the prefills it admitted
         self._plan_if_prefills_changed(prefills)
+        self._allot(budget, prefills, token_budget)
         return token_budget
+
+    def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
+        """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
+        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
+        if prefills:
+            threshold = self.scheduler_config.long_prefill_token_threshold
+            budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf)
 
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's, or decodes
         start or stop (rule 4 bounds batches for them); every decode, in flight or not, counts."""
-        head = itertools.islice(self._waiting_in_order(), PLAN_MAX_PREFILLS)
+        head = itertools.islice(waiting_in_order(self), PLAN_MAX_PREFILLS)
         ids = tuple([r.request_id for r in running_prefills] + [r.request_id for r in head])
         key = (ids, len(self.running) > len(running_prefills))  # and whether any request decodes
         self._cpp_steps_since_plan += 1
@@ -247,11 +249,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
         held = []  # the queue behind the head is read only when a plan is made, never per step
-        waiting = itertools.islice(self._waiting_in_order(), PLAN_LOOKAHEAD)
+        waiting = itertools.islice(waiting_in_order(self), PLAN_LOOKAHEAD)
         for index, request in enumerate([*running_prefills, *waiting]):
             history_tokens = request.num_computed_tokens
             if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
-                history_tokens = self._prefix_hit_tokens(request)
+                history_tokens = prefix_hit_tokens(self, request)
             remaining_tokens = request.num_tokens - history_tokens
             if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):  # sizes with their cache hits out
                 self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
@@ -259,7 +261,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if not held:
             return
         decoding = [r.num_computed_tokens for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
-        shape = _shape(held, len(decoding))
+        shape = plan_shape(held, len(decoding))
         if shape == self._cpp_plan_shape:
             # Other prefills, but of the same sizes (a stream of short prompts): the same plan would
             # come out, and planning stays off the step.
@@ -267,17 +269,6 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_plan_shape = shape
         plan = self.cpp_policy.replan(held, decoding)
         logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
-
-    def _waiting_in_order(self):
-        """The waiting requests in the order admission takes them: those passed over before first."""
-        return itertools.chain(self.skipped_waiting, self.waiting)
-
-    def _prefix_hit_tokens(self, request: Any) -> int:
-        """Tokens of a waiting prompt the prefix cache holds: a lookup, as admission makes it, nothing held."""
-        manager = self.kv_cache_manager
-        if not getattr(manager, "enable_caching", False) or getattr(request, "skip_reading_prefix_cache", False):
-            return 0
-        return int(manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)
@@ -296,7 +287,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
                 return num_new_tokens  # decodes are reserved at step start and never cut
-            return budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens)
+            return budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens, request.request_id)
         except Exception as error:
             self._cpp_fault("sizing a running request", error)
             return num_new_tokens
@@ -305,7 +296,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         try:
             if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
-            return self.cpp_policy.budget.admit(history_tokens, request.num_tokens - history_tokens, num_new_tokens)
+            remaining_tokens = request.num_tokens - history_tokens
+            return self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens

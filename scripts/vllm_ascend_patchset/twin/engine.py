@@ -241,9 +241,13 @@ class VllmDriver:
             )
         self._pending.reverse()  # pop() from the end = earliest arrival
         self._first_scheduled: set[str] = set()
+        self.now_ms = 0.0
+        if hasattr(scheduler, "cpp_clock"):  # ours: how long a request has waited, on the simulated clock
+            scheduler.cpp_clock = lambda: self.now_ms / 1000.0
 
     # -- pipeline.Driver
     def admit(self, now_ms: float) -> None:
+        self.now_ms = now_ms
         while self._pending and self._pending[-1][0] <= now_ms:
             self.scheduler.add_request(self._pending.pop()[1])
 

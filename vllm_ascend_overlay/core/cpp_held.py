@@ -1,0 +1,70 @@
+"""What a CPP scheduler holds, read from vLLM's scheduler state: the prefills a step sizes.
+
+The scheduler (core/scheduler_profiling_chunk.py) plans and sizes from three reads of
+vLLM's own queues, gathered here so that the plan, the step's allotment and admission
+see the same thing:
+
+- ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
+  skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
+- ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
+  prefix-cache hit (a lookup as admission makes it; nothing is held);
+- ``allotment_candidates``: the running prefills and the first waiting requests as
+  (request, history, remaining, waited), for ``StepBudget.allot``.
+
+``plan_shape`` is what a plan depends on, coarsely, so that a stream of prompts of the
+same sizes does not plan again. Nothing here is called per request of the loop.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
+
+
+def waiting_in_order(scheduler: Any) -> Iterator[Any]:
+    """The waiting requests in the order admission takes them: those passed over before first."""
+    return itertools.chain(scheduler.skipped_waiting, scheduler.waiting)
+
+
+def prefix_hit_tokens(scheduler: Any, request: Any) -> int:
+    """Tokens of a waiting prompt the prefix cache holds: a lookup, as admission makes it, nothing held."""
+    manager = scheduler.kv_cache_manager
+    if not getattr(manager, "enable_caching", False) or getattr(request, "skip_reading_prefix_cache", False):
+        return 0
+    return int(manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
+
+
+def allotment_candidates(
+    scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float
+) -> list[tuple[str, int, int, float]]:
+    """(request, history_tokens, remaining_tokens, waited_s) of the running prefills and the first
+    ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty when there is
+    at most one (a lone prefill is sized as vLLM visits it, the same chunk)."""
+    waiting = list(itertools.islice(waiting_in_order(scheduler), waiting_limit))
+    if len(running_prefills) + len(waiting) < 2:
+        return []
+    prefills = [
+        (r.request_id, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, now_s - r.arrival_time)
+        for r in running_prefills
+    ]
+    for request in waiting:
+        history_tokens = prefix_hit_tokens(scheduler, request)
+        remaining_tokens = request.num_tokens - history_tokens
+        prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time))
+    return prefills
+
+
+def plan_shape(held: list[tuple[int, int]], decoding: int) -> tuple:
+    """What a plan depends on, each within a factor of sqrt(2): the first prefill's history and
+    remaining tokens, how many prefills are held, their remaining and longest tokens, the decodes."""
+
+    def bucket(value: int) -> int:
+        return int(2.0 * math.log2(value + 1))
+
+    remaining = [r for _, r in held]
+    head_history, head_remaining = held[0]
+    return tuple(bucket(v) for v in (head_history, head_remaining, len(held), sum(remaining), max(remaining), decoding))

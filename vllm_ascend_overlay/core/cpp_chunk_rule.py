@@ -42,6 +42,7 @@ Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -136,6 +137,12 @@ class ChunkRule:
 
     def with_model(self, model: LatencyModel) -> ChunkRule:
         return ChunkRule(model, self.limits, self.num_stages)
+
+    @functools.cached_property
+    def base_tokens_per_s(self) -> float:
+        """Prefill tokens a second in chunks of the base size without history (once per model)."""
+        cap = self.limits.cap_tokens
+        return 1000.0 * cap / self.model.time_ms(cap, 0)
 
     def with_limits(self, **changes) -> ChunkRule:
         return ChunkRule(self.model, replace(self.limits, **changes), self.num_stages)

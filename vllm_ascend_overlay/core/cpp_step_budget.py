@@ -65,7 +65,7 @@ class StepBudget:
         self.prefill_tokens = 0  # tokens charged to prefills in this step
         self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
         self.passed_over = 0  # waiting requests passed over in this step
-        self.allotted: dict[str, int] = {}  # request -> chunk, worked out shortest remaining first (``allot``)
+        self.allotted: dict[str, int] = {}  # request -> chunk, worked out in response-ratio order (``allot``)
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
@@ -107,8 +107,7 @@ class StepBudget:
             return  # one prefill: granted as visited, the same chunk
         model, used_ms, prefill_tokens = self.rule.model, self.used_ms, self.prefill_tokens
         first, alone = not self.prefills, not self.charged
-        tokens_per_s = 1000.0 * self.rule.limits.cap_tokens / model.time_ms(self.rule.limits.cap_tokens, 0)
-
+        tokens_per_s = self.rule.base_tokens_per_s
         step_s = self.plan.target_ms / 1000.0
         tokens_left = step_tokens - sum(charged[0] for charged in self.charged.values())
 

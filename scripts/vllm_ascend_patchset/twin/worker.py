@@ -24,8 +24,6 @@ from typing import Any
 from ..npu_stubs import import_vllm, install_npu_stubs, set_cpu_environment
 from ..trees import load_module_from_tree
 
-CPP_CONFIG_KEY = "profiling_chunk_config"
-
 UPSTREAM_TIMING_MODULE = "vllm_ascend.patch.platform.patch_profiling_chunk"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"  # ours hooks into its loop
 
@@ -86,8 +84,10 @@ class PolicyRunner:
         start_profile = policy.get("start_profile")
         with tempfile.TemporaryDirectory(prefix="cpp-twin-profile-") as profile_dir:
             if start_profile:
-                cpp = {**additional_config.get(CPP_CONFIG_KEY, {}), "cache_dir": profile_dir}
-                additional_config = {**additional_config, CPP_CONFIG_KEY: cpp}
+                from vllm_ascend.core.cpp_config import CONFIG_KEY
+
+                cpp = {**additional_config.get(CONFIG_KEY, {}), "cache_dir": profile_dir}
+                additional_config = {**additional_config, CONFIG_KEY: cpp}
             vllm_config = make_vllm_config(
                 max_num_batched_tokens=int(policy["max_num_batched_tokens"]),
                 num_stages=self.num_stages,
@@ -194,8 +194,8 @@ def seed_profile_cache(profile: Path, vllm_config: Any, cache_dir: str) -> None:
     data = json.loads(profile.read_text())
     fingerprint = fingerprint_for(vllm_config)
     base_chunk_tokens = vllm_config.scheduler_config.max_num_batched_tokens
-    if data.get("base_chunk_size") != base_chunk_tokens:
-        found = data.get("base_chunk_size")
+    found = data.get("base_chunk_size")
+    if found != base_chunk_tokens:
         raise ValueError(
             f"{profile}: base_chunk_size {found} is not the policy's max_num_batched_tokens {base_chunk_tokens}"
         )

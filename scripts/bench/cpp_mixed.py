@@ -5,7 +5,9 @@ For each surface, base chunk (``max_num_batched_tokens``) and seed, the twin run
 mixed workload (Poisson arrivals, long and short prompts, decodes) at P stages through
 ours and through every fixed chunk of the sweep up to the base chunk; the tuned fixed
 chunk is the one with the least mean TTFT on that very workload. It prints ours' mean
-TTFT and TPOT P99 over the tuned chunk's, per case and per surface. It asserts nothing.
+TTFT and TPOT P99 over the tuned chunk's, and the goodput of both (the share of requests
+within the twin's default TTFT and TPOT bounds, twin/slo.py), per case and per surface.
+It asserts nothing.
 
     PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py [--surfaces a,b] [--bases 2048,4096,8192] \
         [--seeds 0,1,2,3,4] [--stages 4] [--sweep 128,256,...]
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the to
 from cpp_surfaces import SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
+from vllm_ascend_patchset.twin.slo import default_slo  # noqa: E402
 from vllm_ascend_patchset.twin.surface_files import load_surface  # noqa: E402
 from vllm_ascend_patchset.twin.workloads import mixed  # noqa: E402
 
@@ -39,17 +42,20 @@ def main() -> int:
     parser.add_argument("--sweep", default=SWEEP, help="fixed chunk sizes the tuned fixed chunk is the best of")
     args = parser.parse_args()
     sweep = [int(c) for c in args.sweep.split(",")]
-    cases = []
+    cases, slos = [], {}
     for spec in args.surfaces.split(","):
         surface = load_surface(spec)
+        slos[spec] = default_slo(surface, args.stages)
         for base in (int(b) for b in args.bases.split(",")):
             for seed in (int(s) for s in args.seeds.split(",")):
                 workload = mixed(surface, args.stages, seed=seed, reference_chunk_tokens=base)
                 policies = [pol.fixed(c) for c in sweep if c <= base] + [pol.ours(base)]
                 cases.append(((spec, base, seed), pol.Setup(spec, args.stages, workload, seed), policies))
     results = pol.run_cases([(setup, policies) for _, setup, policies in cases])
-    ratios: dict[tuple[str, int], list[tuple[float, float]]] = {}
-    print(f"{'surface':34s} {'base':>5s} seed  tuned        TTFT ours/tuned  TPOT P99 ours/tuned")
+    ratios: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}
+    print(
+        f"{'surface':34s} {'base':>5s} seed  tuned        TTFT ours/tuned  TPOT P99 ours/tuned  goodput % ours, tuned"
+    )
     for (key, _, _), runs in zip(cases, results, strict=True):
         figures = {}
         for run in runs:
@@ -63,12 +69,22 @@ def main() -> int:
         tuned = min(fixed, key=lambda name: fixed[name].ttft_mean_ms)
         ours, best = figures["ours"], fixed[tuned]
         ttft, tpot = ours.ttft_mean_ms / best.ttft_mean_ms, ours.tpot_p99_ms / best.tpot_p99_ms
-        ratios.setdefault(key[:2], []).append((ttft, tpot))
-        print(f"{key[0]:34s} {key[1]:5d} {key[2]:4d}  {tuned:11s}  {ttft:15.3f}  {tpot:19.3f}", flush=True)
-    print("\nper surface and base: TTFT ours/tuned mean and max; TPOT P99 ours/tuned max")
+        good = 100.0 * ours.goodput(slos[key[0]]), 100.0 * best.goodput(slos[key[0]])
+        ratios.setdefault(key[:2], []).append((ttft, tpot, *good))
+        print(
+            f"{key[0]:34s} {key[1]:5d} {key[2]:4d}  {tuned:11s}  {ttft:15.3f}  {tpot:19.3f}"
+            f"  {good[0]:5.0f} {good[1]:5.0f}",
+            flush=True,
+        )
+    print("\nper surface and base: TTFT ours/tuned mean and max; TPOT P99 ours/tuned max;", end=" ")
+    print("mean goodput % ours, tuned")
     for (spec, base), values in ratios.items():
-        ttfts, tpots = [t for t, _ in values], [p for _, p in values]
-        print(f"{spec:34s} {base:5d}  {statistics.mean(ttfts):.3f}  {max(ttfts):.3f}  {max(tpots):.2f}")
+        ttfts, tpots = [v[0] for v in values], [v[1] for v in values]
+        ours_good, tuned_good = statistics.mean(v[2] for v in values), statistics.mean(v[3] for v in values)
+        print(
+            f"{spec:34s} {base:5d}  {statistics.mean(ttfts):.3f}  {max(ttfts):.3f}  {max(tpots):.2f}"
+            f"  {ours_good:5.1f} {tuned_good:5.1f}"
+        )
     return 0
 
 

@@ -70,14 +70,16 @@ class StepBudget:
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
         decodes = list(decodes)
-        model, charged = self.rule.model, self.charged
-        if len(decodes) >= _VECTOR_DECODES and all(d[1] == 1 for d in decodes):
+        if not decodes:
+            return
+        model = self.rule.model
+        request_ids, new_tokens, histories = zip(*decodes, strict=True)
+        if len(decodes) >= _VECTOR_DECODES and max(new_tokens) == 1:
             # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
-            costs = model.decode_ms_many(np.array([d[2] for d in decodes], dtype=np.float64)).tolist()
+            costs = model.decode_ms_many(np.fromiter(histories, np.float64, len(histories))).tolist()
         else:
-            costs = [model.request_ms(new_tokens, history_tokens) for _, new_tokens, history_tokens in decodes]
-        for (request_id, new_tokens, history_tokens), cost_ms in zip(decodes, costs, strict=True):
-            charged[request_id] = (new_tokens, history_tokens, cost_ms)
+            costs = [model.request_ms(n, h) for n, h in zip(new_tokens, histories, strict=True)]
+        self.charged.update(zip(request_ids, zip(new_tokens, histories, costs, strict=True), strict=True))
         total_ms = sum(costs)
         self.used_ms += total_ms
         self.charged_ms += total_ms

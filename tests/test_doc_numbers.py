@@ -127,7 +127,7 @@ def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
     source = ast.unparse(tree)
     decodes = re.search(r"'--decodes', type=int, default=(\d+)", source).group(1)
     every = re.search(r"if step % (\d+) == 0", source).group(1)
-    length = re.search(r"10000 \* step \+ (\d+)\)\)", source).group(1)
+    length = re.search(r"start_id \+ (\d+) // \(k \+ 1\)", source).group(1)
     says("docs/cpp.md", f"({decodes} decoding requests, a {length}-token prompt every {every} steps)")
 
 

@@ -6,8 +6,11 @@ BalanceScheduler (CPP off: vLLM's own loop) and our ProfilingChunkScheduler (CPP
 profiled through a fake executor). The same workload, many decoding requests plus long
 prompts arriving, runs through each in lock-step; the script prints the mean time of
 ``schedule()`` + ``update_from_output()`` per step and the ratio. It asserts nothing.
+With ``--burst N`` the prompts come N at a time (of 6000, 3000, 2000, ... tokens), so
+steps hold several prefills and the response-ratio allotment (with its prefix-cache
+lookups) runs, which one prompt at a time never needs.
 
-    make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300]
+    make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300] [--burst 1]
 """
 
 from __future__ import annotations
@@ -49,8 +52,10 @@ def run_side_by_side(schedulers, helpers, args) -> list[float]:
     for step in range(args.steps):
         for index, scheduler in enumerate(schedulers):
             if step % 20 == 0:
-                prompt = list(range(10**6 + 10_000 * step, 10**6 + 10_000 * step + 6000))
-                scheduler.add_request(helpers.make_request(f"long{step}", prompt, max_tokens=1))
+                for k in range(args.burst):
+                    start_id = 10**6 + 10_000 * (step * args.burst + k)
+                    prompt = list(range(start_id, start_id + 6000 // (k + 1)))
+                    scheduler.add_request(helpers.make_request(f"long{step}-{k}", prompt, max_tokens=1))
             start = time.perf_counter()
             out = scheduler.schedule()
             scheduler.update_from_output(out, helpers.model_output(scheduler, out))
@@ -62,6 +67,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decodes", type=int, default=128)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--burst", type=int, default=1, help="prompts arriving together every 20 steps")
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages CPP plans for (CPP needs at least 2)")
     args = parser.parse_args()
     _setup()
     import helpers
@@ -75,6 +82,7 @@ def main() -> int:
         max_num_batched_tokens=2048,
         max_num_seqs=args.decodes + 8,
         max_model_len=16384,
+        pipeline_parallel_size=args.stages,
     )
     fixed = helpers.make_scheduler(None, **common)
     balance_cls = helpers.load_balance_module().BalanceScheduler
@@ -86,7 +94,8 @@ def main() -> int:
     )
     cpp.run_profiling_chunk_init(FakeExecutor())
     fixed_us, identity_us, cpp_us = run_side_by_side((fixed, identity, cpp), helpers, args)
-    print(f"{args.decodes} decoding requests, a 6000-token prompt every 20 steps, {args.steps} steps")
+    prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
+    print(f"{args.decodes} decoding requests, {prompts} every 20 steps, {args.steps} steps")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
     print(f"CPP, upstream's loop:             {cpp_us:8.1f} us per step   ratio {cpp_us / fixed_us:.2f}")

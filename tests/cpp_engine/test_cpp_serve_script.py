@@ -83,14 +83,14 @@ def test_bad_arguments_are_refused(bench, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
-def test_table_shows_both_runs_and_the_ratio(bench, monkeypatch, capsys):
+def test_table_shows_both_runs_and_the_ratio(bench, monkeypatch, capsys, tmp_path):
     results = {
         "fixed": {"mean_ttft_ms": 20000.0, "median_ttft_ms": 19000.0, "p99_ttft_ms": 30000.0},
         "cpp": {"mean_ttft_ms": 16000.0, "median_ttft_ms": 17100.0, "p99_ttft_ms": 24000.0},
     }
     ran = []
     monkeypatch.setattr(bench, "run_variant", lambda args, variant: ran.append(variant) or results[variant])
-    assert bench.main([*BASE, "--result-dir", "/tmp/cpp-serve-test"]) == 0
+    assert bench.main([*BASE, "--result-dir", str(tmp_path / "results")]) == 0
     assert ran == ["fixed", "cpp"]
     lines = capsys.readouterr().out.splitlines()
     assert lines[-3].split()[-3:] == ["20000.0", "16000.0", "0.800"]

@@ -253,6 +253,21 @@ def test_conflicts_do_not_matter_when_off():
     assert not validate({"enabled": False}, enable_flashcomm1=True, pp=2).enabled
 
 
+def test_graph_mode_warns_once_and_stays_valid(caplog, monkeypatch):
+    monkeypatch.setattr(config_module, "_warned_graph", False)
+    ascend, vllm_config = deployment({"enabled": True})
+    vllm_config.model_config = SimpleNamespace(enforce_eager=False)
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):
+        config = validate_dual_stream_config(ascend, vllm_config)
+        validate_dual_stream_config(ascend, vllm_config)  # AscendConfig built again: no second warning
+        vllm_config.model_config.enforce_eager = True
+        monkeypatch.setattr(config_module, "_warned_graph", False)
+        validate_dual_stream_config(ascend, vllm_config)  # eager: nothing to say
+    assert config.enabled
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "without --enforce-eager" in warnings[0]
+
+
 def test_tp1_warns_once_and_stays_valid(caplog, monkeypatch):
     monkeypatch.setattr(config_module, "_warned_tp1", False)
     with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):

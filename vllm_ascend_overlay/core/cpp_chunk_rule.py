@@ -29,10 +29,12 @@ from the measured latency model t(C, H) (core/cpp_latency_model.py) alone:
    request's small last tail (under a quarter of the chunk, or the floor) is merged into
    its last chunk when that step still fits T (times ``1 + tail_tolerance``).
 3. ``StepBudget`` (core/cpp_step_budget.py) applies rule 1 within one scheduling step:
-   running decodes are reserved first (never cut), then each prefill, in vLLM's order, is
-   granted its chunk, cut to what is left of T, shortest remaining first among the prefills
-   the step does not finish; the step's first prefill always advances by at least the
-   floor, so prefills never starve behind decodes.
+   running decodes are reserved first (never cut), then the running prefills and the
+   first waiting requests are allotted their chunks in response-ratio order, each cut to
+   what is left of T, and at most one of them left unfinished; a prefill visited without
+   an allotment gets tokens only if it finishes in the batch or has fewer left than the
+   unfinished one. The step's first prefill always advances by at least the floor, so
+   prefills never starve behind decodes.
 
 ``ChunkRule.chunk_alone`` (a request alone in a batch) is the one statement of rules 1
 and 2; ``chunk_alone_many`` computes the same numbers for arrays, for the planner.

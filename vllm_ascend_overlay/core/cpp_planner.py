@@ -20,16 +20,17 @@ token of the prefills the scheduler holds, given P stages:
 2. The engine keeps at most P batches in flight, so a batch shorter than the one P
    places before it cannot start earlier: the largest batch in flight counts in the
    fill and drain term, and T does not drop for a gain it cannot have.
-3. When the first prefill needs few chunks (up to ``EXACT_MAX_CHUNKS``) counting chunks
-   as a continuous quantity misjudges the last one, so the result is checked chunk by
-   chunk, by running the step budget itself and the batches through P stages with at
-   most P in flight (``pipeline_done_ms``), against the targets at which its chunk count
+3. When the first prefill needs few chunks (up to ``EXACT_MAX_CHUNKS``), no request
+   decodes and no more than ``PLAN_MAX_PREFILLS`` prefills are held, counting chunks as a
+   continuous quantity misjudges the last one, so the result is checked chunk by chunk,
+   by running the step budget itself and the batches through P stages with at most P in
+   flight (``pipeline_done_ms``), against the targets at which its chunk count
    steps, where the best target lies.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
-   smallest size whose predicted mean TTFT under the same load and queue is within
-   ``TUNED_CHUNK_SLACK`` of the least: the chunk a user would tune by hand, who near the
+   smallest size whose predicted mean TTFT, at the traffic's steady arrival rate and
+   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least: the chunk a user would tune by hand, who near the
    flat bottom of that curve takes the smaller size for the shorter batches, and whose
    prediction is no sharper than that; a fixed chunk packs short prompts into one batch), no chunk is
    larger than that chunk (the plan's C*(H) is capped by it) and the prefills of one

@@ -4,7 +4,8 @@
 or, when the data cannot give one, the fixed chunk to run instead:
 
 1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured
-   over at least the history this engine will use, is adopted when its samples pass
+   over at least half the history this engine will use (``CACHED_HISTORY_COVERAGE``;
+   the model continues beyond what was measured), is adopted when its samples pass
    the same judgement as a fresh profile (core/cpp_acceptance.py): no profiling run.
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
    then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each

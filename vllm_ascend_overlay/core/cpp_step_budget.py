@@ -10,7 +10,7 @@ step, one token step after step. So at step start the running prefills and the f
 waiting requests are allotted their chunks (``allot``) in order of response ratio,
 (waited + work left) / work left: the shortest first, the mean TTFT's gain, while a long
 prompt gains on a new short one as it waits, so a stream of short prompts cannot starve
-it. One prefill a step may stay unfinished; the others in the batch finish in it. Two
+it. Of the allotted prefills, one a step may stay unfinished; the others finish in it. Two
 long prompts thus run one after the other, as under a fixed chunk, not side by side at
 half pace each, which would delay the first one's first token and keep the decodes beside
 them waiting on both. Prefills visited without an allotment (waiting further back) get

@@ -2,11 +2,13 @@
 
 - ``Traffic`` keeps the latest arrival times and the sizes of the latest prefills, each
   bounded, O(1) per request; ``Traffic.load()`` makes a ``Load`` of them: the arrival
-  rate over the latest arrivals, its relative standard error, and those sizes as the
-  sample of what arrives.
+  rate over the latest ``TRAFFIC_WINDOW`` arrivals, its relative standard error, the
+  steady rate over ``STEADY_WINDOWS`` times as many, and those sizes as the sample of
+  what arrives.
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
 - ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
-  under that load is least (the chunk a user would tune by hand), and
+  under a load is least, or with a slack the smallest within that share of the least
+  (the chunk a user would tune by hand; the planner asks at the steady rate), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
 

@@ -42,6 +42,7 @@ logger = init_logger(__name__)
 
 CONFIG_KEY = "dual_stream_config"
 _warned_tp1 = False
+_warned_graph = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,16 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
         logger.warning(
             "[DualStream] %s.enabled is set but tensor_parallel_size is 1: there is no all-reduce to overlap, "
             "dual stream stays inert.",
+            CONFIG_KEY,
+        )
+    global _warned_graph
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", None) is False and not _warned_graph:
+        _warned_graph = True
+        logger.warning(
+            "[DualStream] %s.enabled is set without --enforce-eager: the model then runs as a compiled or "
+            "captured graph, where batches are not split, so every batch runs on one stream. Serve with "
+            "--enforce-eager to overlap the all-reduces.",
             CONFIG_KEY,
         )
     return config

@@ -36,30 +36,35 @@ def _setup() -> None:
 
 
 def run_side_by_side(schedulers, helpers, args) -> list[float]:
-    """Mean microseconds of schedule() + update_from_output() per step, the schedulers in lock-step.
+    """Mean microseconds of schedule() + update_from_output() per step, the schedulers taking turns.
 
-    Each step runs on every scheduler in turn, so a change of machine load between steps
-    falls on all of them alike.
+    Each scheduler runs ``args.block`` steps in turn (one step each with ``--block 1``), so
+    a change of machine load falls on all of them alike, while each keeps its data in the
+    CPU's caches for a block of steps, as a server's only scheduler does. Timing starts once
+    every decoder's prompt has been admitted.
     """
     for scheduler in schedulers:
         for i in range(args.decodes):
             prompt = list(range(1 + 100 * i, 65 + 100 * i))
             scheduler.add_request(helpers.make_request(f"d{i}", prompt, max_tokens=10**6))
-        for _ in range(5):  # the decoders' prompts
+        for _ in range(1000):  # the decoders' prompts
             out = scheduler.schedule()
             scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+            if not scheduler.waiting and out.total_num_scheduled_tokens == len(scheduler.running):
+                break
     elapsed = [0.0] * len(schedulers)
-    for step in range(args.steps):
+    for first in range(0, args.steps, args.block):
         for index, scheduler in enumerate(schedulers):
-            if step % 20 == 0:
-                for k in range(args.burst):
-                    start_id = 10**6 + 10_000 * (step * args.burst + k)
-                    prompt = list(range(start_id, start_id + 6000 // (k + 1)))
-                    scheduler.add_request(helpers.make_request(f"long{step}-{k}", prompt, max_tokens=1))
-            start = time.perf_counter()
-            out = scheduler.schedule()
-            scheduler.update_from_output(out, helpers.model_output(scheduler, out))
-            elapsed[index] += time.perf_counter() - start
+            for step in range(first, min(first + args.block, args.steps)):
+                if step % 20 == 0:
+                    for k in range(args.burst):
+                        start_id = 10**6 + 10_000 * (step * args.burst + k)
+                        prompt = list(range(start_id, start_id + 6000 // (k + 1)))
+                        scheduler.add_request(helpers.make_request(f"long{step}-{k}", prompt, max_tokens=1))
+                start = time.perf_counter()
+                out = scheduler.schedule()
+                scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+                elapsed[index] += time.perf_counter() - start
     return [total / args.steps * 1e6 for total in elapsed]
 
 
@@ -69,6 +74,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--burst", type=int, default=1, help="prompts arriving together every 20 steps")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages CPP plans for (CPP needs at least 2)")
+    parser.add_argument("--block", type=int, default=20, help="steps each scheduler runs in turn (1: lock-step)")
     args = parser.parse_args()
     _setup()
     import helpers

@@ -76,8 +76,7 @@ def main() -> int:
             f"  {good[0]:5.0f} {good[1]:5.0f}",
             flush=True,
         )
-    print("\nper surface and base: TTFT ours/tuned mean and max; TPOT P99 ours/tuned max;", end=" ")
-    print("mean goodput % ours, tuned")
+    print("\nper surface and base: TTFT ours/tuned mean and max; TPOT P99 ours/tuned max; mean goodput % ours, tuned")
     for (spec, base), values in ratios.items():
         ttfts, tpots = [v[0] for v in values], [v[1] for v in values]
         ours_good, tuned_good = statistics.mean(v[2] for v in values), statistics.mean(v[3] for v in values)

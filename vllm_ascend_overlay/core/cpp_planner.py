@@ -30,16 +30,17 @@ token of the prefills the scheduler holds, given P stages:
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
    smallest size whose predicted mean TTFT, at the traffic's steady arrival rate and
-   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least: the chunk a user would tune by hand, who near the
-   flat bottom of that curve takes the smaller size for the shorter batches, and whose
-   prediction is no sharper than that; a fixed chunk packs short prompts into one batch), no chunk is
-   larger than that chunk (the plan's C*(H) is capped by it) and the prefills of one
-   batch share that many tokens (``Plan.batch_tokens``), so at any history no batch is
-   longer than that chunk's would be there: decodes wait no longer than under it,
-   wherever in a prompt they fall. Within that bound the planner still
-   chooses the chunks. It then takes the shortest T whose predicted mean TTFT is within
-   ``DECODE_SLACK`` of the best; where the TTFT is flat in T, batches get much shorter
-   for almost nothing. ``max_batch_ms`` bounds T for an explicit latency objective.
+   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least: the chunk a user
+   would tune by hand, who near the flat bottom of that curve takes the smaller size for
+   the shorter batches, and whose prediction is no sharper than that; a fixed chunk packs
+   short prompts into one batch), no chunk is larger than that chunk (the plan's C*(H)
+   is capped by it) and the prefills of one batch share that many tokens
+   (``Plan.batch_tokens``), so at any history no batch is longer than that chunk's would
+   be there: decodes wait no longer than under it, wherever in a prompt they fall.
+   Within that bound the planner still chooses the chunks. It then takes the shortest T
+   whose predicted mean TTFT is within ``DECODE_SLACK`` of the best; where the TTFT is
+   flat in T, batches get much shorter for almost nothing. ``max_batch_ms`` bounds T for
+   an explicit latency objective.
 
 The search runs only when the set of held prefills changes or decodes start or stop, never
 per step. Pure Python and numpy: no vLLM.

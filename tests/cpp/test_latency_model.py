@@ -81,6 +81,23 @@ def test_scalar_and_vectorised_answers_are_the_same_numbers(data):
         )
 
 
+def test_vectorised_answers_broadcast_as_the_planner_calls_them():
+    # The planner passes histories of shape (1, prefills, nodes) with chunks or times of shape
+    # (targets, 1, 1) or (targets, prefills, nodes): each element must be the scalar answer.
+    model = measured_model(CPU_LIKE, noise=0.1, seed=5)
+    rng = np.random.default_rng(11)
+    histories = rng.uniform(0.0, 150_000.0, (1, 3, 5))
+    times = rng.uniform(0.0, 3.0 * model.time_ms(8192, 0), (4, 1, 1))
+    chunks = rng.uniform(0.0, 12_000.0, (4, 3, 5))
+    found = model.chunk_for_time_many(histories, times)
+    timed = model.time_ms_many(chunks, histories)
+    assert found.shape == timed.shape == (4, 3, 5)
+    for t, p, n in np.ndindex(4, 3, 5):
+        history = float(histories[0, p, n])
+        assert found[t, p, n] == pytest.approx(model.chunk_for_time(history, float(times[t, 0, 0])), rel=1e-9, abs=1e-9)
+        assert timed[t, p, n] == pytest.approx(model.time_ms(float(chunks[t, p, n]), history), rel=1e-12)
+
+
 @PROPERTIES
 @given(st.floats(1.0, 8192.0), st.floats(0.0, 100_000.0))
 def test_the_chunk_for_a_time_inverts_the_time_of_a_chunk(chunk, history):

@@ -236,12 +236,14 @@ class LatencyModel:
         return rows[j] + weight[..., None] * (rows[j + 1] - rows[j])
 
     def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
-        """``time_ms`` of arrays (broadcast together)."""
+        """``time_ms`` of arrays (broadcast together).
+
+        The level and the node are looked up on each array as given, before broadcasting: a
+        planner's histories do not vary with its candidate targets, so they are looked up once.
+        """
         nodes, log_nodes, levels, rows = self._vector
         chunks = np.asarray(chunk_tokens, dtype=np.float64)
         histories = np.asarray(history_tokens, dtype=np.float64)
-        if chunks.shape != histories.shape:
-            chunks, histories = np.broadcast_arrays(chunks, histories)
         j = np.clip(np.searchsorted(levels, histories, side="right") - 1, 0, len(levels) - 2)
         weight = (histories - levels[j]) / (levels[j + 1] - levels[j])
         last = len(nodes) - 1
@@ -261,15 +263,17 @@ class LatencyModel:
             return base_ms * np.exp(exponent * (np.log(np.maximum(chunks, 0.0)) - base_log))
 
     def chunk_for_time_many(self, history_tokens: np.ndarray, time_ms: np.ndarray) -> np.ndarray:
-        """``chunk_for_time`` of arrays (broadcast together)."""
+        """``chunk_for_time`` of arrays (broadcast together; the rows are blended once per history)."""
         nodes, log_nodes, _, _ = self._vector
-        histories, times = np.broadcast_arrays(
-            np.asarray(history_tokens, dtype=np.float64), np.asarray(time_ms, dtype=np.float64)
-        )
+        histories = np.asarray(history_tokens, dtype=np.float64)
+        times = np.asarray(time_ms, dtype=np.float64)
+        shape = np.broadcast_shapes(histories.shape, times.shape)
+        times = np.broadcast_to(times, shape)
         rows = self._rows_at(histories)
         last = len(nodes) - 1
         k = np.sum(rows <= times[..., None], axis=-1) - 1
         i = np.clip(k, 0, last - 1)
+        rows = np.broadcast_to(rows, (*shape, len(nodes)))
         a = np.take_along_axis(rows, i[..., None], -1)[..., 0]
         b = np.take_along_axis(rows, (i + 1)[..., None], -1)[..., 0]
         exponent = np.log(b / a) / (log_nodes[i + 1] - log_nodes[i])

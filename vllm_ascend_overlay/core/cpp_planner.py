@@ -244,18 +244,22 @@ def predicted_ttft_ms(
     held prefills' total work in ms."""
     targets = np.asarray(targets, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        request_ms, chunks, largest_ms = _prefill_work(rule, held, targets, fixed_ms, efficient)
+        # One pass over the held prefills, the load's jobs and one request of the queue's mean
+        # size (from no history), the columns then taken apart: the same numbers as three passes.
+        jobs = list(load.jobs) if load.arrivals_per_ms > 0 else []
+        behind_one = [(0, max(1.0, queued[1] / queued[0]))] if queued[0] > 0 else []
+        every_ms, every_chunks, every_largest_ms = _prefill_work(
+            rule, [*held, *jobs, *behind_one], targets, fixed_ms, efficient
+        )
+        count, jobs_end = len(held), len(held) + len(jobs)
+        request_ms, chunks, largest_ms = every_ms[:, :count], every_chunks[:, :count], every_largest_ms[:, :count]
         job_service_ms = None
-        if load.arrivals_per_ms > 0 and load.jobs:
-            job_ms, job_chunks, _ = _prefill_work(rule, load.jobs, targets, fixed_ms, efficient)
-            job_service_ms = job_ms + fixed_ms * job_chunks
+        if jobs:
+            job_service_ms = every_ms[:, count:jobs_end] + fixed_ms * every_chunks[:, count:jobs_end]
         behind = None
-        if queued[0] > 0:  # one request of the queue's mean size, from no history
-            one_ms, one_chunks, one_largest_ms = _prefill_work(
-                rule, [(0, max(1.0, queued[1] / queued[0]))], targets, fixed_ms, efficient
-            )
-            behind = (queued[0], one_ms[:, 0], one_chunks[:, 0])
-            largest_ms = np.concatenate([largest_ms, queued[0] * one_largest_ms], axis=1)
+        if behind_one:
+            behind = (queued[0], every_ms[:, jobs_end], every_chunks[:, jobs_end])
+            largest_ms = np.concatenate([largest_ms, queued[0] * every_largest_ms[:, jobs_end:]], axis=1)
         # The largest batch: the target, when the prefills' chunks can fill it, else all of them at once.
         batch_ms = np.minimum(targets, fixed_ms + largest_ms.sum(axis=1))
         drain_ms = (rule.num_stages - 1) * np.maximum(batch_ms, inflight_ms)

@@ -68,6 +68,11 @@ def _isotonic(values: list[float], weights: list[float]) -> list[float]:
     return out
 
 
+def _index_within(index: np.ndarray, highest: int) -> np.ndarray:
+    """Indices held to [0, highest] (np.clip's checks cost more than the clip on small arrays)."""
+    return np.minimum(np.maximum(index, 0), highest)
+
+
 def monotone_grid(grid: list[list[float]], weights: list[list[float]]) -> list[list[float]]:
     """The grid [level][node] made non-decreasing along both axes, each by isotonic regression.
 
@@ -231,7 +236,7 @@ class LatencyModel:
     # ---------------------------------------------------------------- vectorised questions
     def _rows_at(self, history_tokens: np.ndarray) -> np.ndarray:
         _, _, levels, rows = self._vector
-        j = np.clip(np.searchsorted(levels, history_tokens, side="right") - 1, 0, len(levels) - 2)
+        j = _index_within(np.searchsorted(levels, history_tokens, side="right") - 1, len(levels) - 2)
         weight = np.maximum(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
         return rows[j] + weight[..., None] * (rows[j + 1] - rows[j])
 
@@ -244,14 +249,16 @@ class LatencyModel:
         nodes, log_nodes, levels, rows = self._vector
         chunks = np.asarray(chunk_tokens, dtype=np.float64)
         histories = np.asarray(history_tokens, dtype=np.float64)
-        j = np.clip(np.searchsorted(levels, histories, side="right") - 1, 0, len(levels) - 2)
+        j = _index_within(np.searchsorted(levels, histories, side="right") - 1, len(levels) - 2)
         weight = (histories - levels[j]) / (levels[j + 1] - levels[j])
         last = len(nodes) - 1
-        i = np.clip(np.searchsorted(nodes, chunks, side="right") - 1, 0, last - 1)
-        a = rows[j, i]
-        a += weight * (rows[j + 1, i] - a)
-        b = rows[j, i + 1]
-        b += weight * (rows[j + 1, i + 1] - b)
+        i = _index_within(np.searchsorted(nodes, chunks, side="right") - 1, last - 1)
+        flat, width = rows.ravel(), len(nodes)  # one flat index, its neighbours by offsets
+        corner = j * width + i
+        a = flat.take(corner)
+        a += weight * (flat.take(corner + width) - a)
+        b = flat.take(corner + 1)
+        b += weight * (flat.take(corner + (width + 1)) - b)
         exponent = np.log(b / a) / (log_nodes[i + 1] - log_nodes[i])
         base_ms, base_log = a, log_nodes[i]
         if chunks.size and (chunks.min() < nodes[0] or chunks.max() > nodes[last]):
@@ -271,11 +278,13 @@ class LatencyModel:
         times = np.broadcast_to(times, shape)
         rows = self._rows_at(histories)
         last = len(nodes) - 1
-        k = np.sum(rows <= times[..., None], axis=-1) - 1
-        i = np.clip(k, 0, last - 1)
-        rows = np.broadcast_to(rows, (*shape, len(nodes)))
-        a = np.take_along_axis(rows, i[..., None], -1)[..., 0]
-        b = np.take_along_axis(rows, (i + 1)[..., None], -1)[..., 0]
+        k = np.count_nonzero(rows <= times[..., None], axis=-1) - 1
+        i = _index_within(k, last - 1)
+        # Each element's row of the blended table, by a flat index (rows are blended per history only).
+        row_starts = np.arange(0, rows.size, len(nodes)).reshape(histories.shape)
+        corner = row_starts + i
+        flat = rows.ravel()
+        a, b = flat.take(corner), flat.take(corner + 1)
         exponent = np.log(b / a) / (log_nodes[i + 1] - log_nodes[i])
         below, above = k < 0, k == last
         exponent = np.where(below, np.minimum(exponent, 1.0), np.where(above, np.maximum(exponent, 1.0), exponent))

@@ -274,8 +274,6 @@ class LatencyModel:
         nodes, log_nodes, _, _ = self._vector
         histories = np.asarray(history_tokens, dtype=np.float64)
         times = np.asarray(time_ms, dtype=np.float64)
-        shape = np.broadcast_shapes(histories.shape, times.shape)
-        times = np.broadcast_to(times, shape)
         rows = self._rows_at(histories)
         last = len(nodes) - 1
         k = np.count_nonzero(rows <= times[..., None], axis=-1) - 1

@@ -11,7 +11,8 @@ from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, measur
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rule_cases import draw_position, rules
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_chunk_check import pipeline_done_ms
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_planner import plan_target, predicted_ttft_ms, target_bounds
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
@@ -106,6 +107,34 @@ def test_a_deeper_pipeline_plans_shorter_batches_for_one_long_prompt():
     targets = [rule_for(TRUE, stages).plan_target([(0, 131_072)]).target_ms for stages in (1, 2, 4, 8, 16)]
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(targets, targets[1:], strict=False)), targets
     assert targets[-1] < targets[0]
+
+
+@pytest.mark.parametrize(
+    ("truth", "base_tokens", "prompt_tokens", "num_stages"),
+    [
+        pytest.param(Tiles(128, fixed_ms=2.0, token_ms=0.02), 2048, 32_768, 8, id="tiles128-small-fixed-32k-P8"),
+        pytest.param(Tiles(512, fixed_ms=30.0), 4096, 98_304, 8, id="tiles512-96k-P8"),
+    ],
+)
+def test_on_tiles_no_constant_chunk_beats_the_plan_in_the_pipeline(truth, base_tokens, prompt_tokens, num_stages):
+    """A chunk that shrinks a tile at a time makes batches shorter than the ones P places before
+    them, and the engine's limit of P in flight idles the stages at each step down: the plan must
+    not lose to a constant chunk, whose batches only grow, once both run through P stages."""
+    limits = ChunkLimits(base_tokens, 262_144, granule_tokens=truth.tile_tokens)
+    rule = ChunkRule(measured_model(truth, noise=0.0, base_chunk_tokens=base_tokens), limits, num_stages)
+    prompt = [(0, prompt_tokens)]
+
+    def pipeline_ttft_ms(plan):
+        times_ms = [ms for _, _, ms in chunk_times(rule, plan, 0, prompt_tokens)]
+        return pipeline_done_ms(times_ms, num_stages)[-1]
+
+    planned_ms = pipeline_ttft_ms(rule.plan_target(prompt))
+    sizes = range(truth.tile_tokens, base_tokens + 1, truth.tile_tokens)
+    efficient = rule.efficient_chunks()
+    constant_ms = min(
+        pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, efficient.capped(size), size)) for size in sizes
+    )
+    assert planned_ms <= 1.005 * constant_ms, f"planned {planned_ms:.1f} ms, best constant chunk {constant_ms:.1f} ms"
 
 
 # ---------------------------------------------------------------- bounds

@@ -25,7 +25,10 @@ token of the prefills the scheduler holds, given P stages:
    continuous quantity misjudges the last one, so the result is checked chunk by chunk,
    by running the step budget itself and the batches through P stages with at most P in
    flight (``pipeline_done_ms``), against the targets at which its chunk count
-   steps, where the best target lies.
+   steps, where the best target lies. On a device with tile steps (a granule) the plan is
+   also weighed, the same way, against constant chunks of the sizes its schedule uses: a
+   chunk that shrinks a tile at a time makes batches shorter than the ones P places before
+   them, and the stages idle (core/cpp_chunk_check.py).
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
@@ -53,8 +56,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from vllm_ascend.core.cpp_chunk_check import EXACT_MAX_CHUNKS, constant_chunk_if_better, refine_for_few_chunks
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan
-from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import (
     NO_LOAD,
     PROMPT_NODES,
@@ -72,14 +75,11 @@ __all__ = [
     "PLAN_MAX_PREFILLS",
     "TUNED_CHUNK_SLACK",
     "plan_target",
-    "prefill_chunk_ms",
 ]
 
 PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for one by one (FCFS head; later ones as a queue)
 _PLAN_GRID = 16  # candidate targets per search round (two rounds)
 _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
-EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
-_STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
 DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best mean TTFT
 TUNED_CHUNK_SLACK = 0.05  # rule 4's chunk: the smallest fixed chunk within 5% of the best predicted mean TTFT
 
@@ -157,9 +157,9 @@ def plan_target(
     costs = np.concatenate([costs, fine_costs])
     best = int(np.argmin(costs))
     if not decoding and not queued[0]:  # (the chunk-by-chunk check sees the held prefills alone)
-        target = _refine_for_few_chunks(
-            rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient
-        )
+        target = refine_for_few_chunks(rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient)
+        if rule.limits.granule_tokens > 1:
+            return constant_chunk_if_better(rule, held, Plan(target, fixed_ms, efficient), high, inflight_ms)
         return Plan(target, fixed_ms, efficient)
     # Decodes ride in these batches and wait for each one: take the shortest batch whose
     # predicted mean TTFT is within DECODE_SLACK of the best target's.
@@ -266,86 +266,3 @@ def predicted_ttft_ms(
         mean_ttft_ms, work_ms = mean_ttft(request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms, behind)
     ok = np.isfinite(mean_ttft_ms) & (work_ms > 0)
     return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
-
-
-def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:
-    """When each batch leaves the last of P stages: each spends its time on every stage, a stage
-    takes the batches in order, and at most P batches are in flight (a batch enters the first stage
-    only once the batch P places ahead has left the last), as vLLM's engine runs them."""
-    free_ms = [0.0] * num_stages
-    done_ms: list[float] = []
-    for index, time_ms in enumerate(batch_ms):
-        ready_ms = done_ms[index - num_stages] if index >= num_stages else 0.0
-        for stage in range(num_stages):
-            ready_ms = max(ready_ms, free_ms[stage]) + time_ms
-            free_ms[stage] = ready_ms
-        done_ms.append(ready_ms)
-    return done_ms
-
-
-def prefill_chunk_ms(rule: ChunkRule, plan: Plan, history: int, remaining: int, limit: int) -> list[float]:
-    """The batch times of one prefill scheduled alone, step by step by ``StepBudget`` (at most ``limit``)."""
-    budget = StepBudget(rule, plan)
-    extra_ms = plan.fixed_ms - rule.model.fixed_ms
-    times: list[float] = []
-    while remaining > 0 and len(times) < limit:
-        budget.start(extra_ms)
-        chunk = budget.grant(history, remaining, remaining)
-        if chunk <= 0:
-            break
-        budget.charge("prefill", chunk, history)
-        times.append(budget.predicted_ms())
-        history, remaining = history + chunk, remaining - chunk
-    return times if remaining <= 0 else []
-
-
-def _refine_for_few_chunks(
-    rule: ChunkRule,
-    held: Sequence[tuple[int, int]],
-    target_ms: float,
-    low: float,
-    high: float,
-    fixed_ms: float,
-    inflight_ms: float,
-    efficient: EfficientChunks,
-) -> float:
-    """Between the targets at which the first prefill's chunk count steps, the predicted TTFT
-    rises with the target, so the best target is one of those steps. Compare, chunk by chunk,
-    the target found with the least targets at which the first prefill fits in one chunk
-    fewer, as many, or one more."""
-
-    def plan(target: float) -> Plan:
-        return Plan(target, fixed_ms, efficient)
-
-    def exact_cost(target: float) -> tuple[float, int]:
-        times, ends, first_chunks = [inflight_ms] if inflight_ms > 0 else [], [], 0
-        for history, remaining in held:
-            chunk_ms = prefill_chunk_ms(rule, plan(target), history, remaining, EXACT_MAX_CHUNKS)
-            if not chunk_ms:
-                return math.inf, EXACT_MAX_CHUNKS + 1
-            first_chunks = first_chunks or len(chunk_ms)
-            times += chunk_ms
-            ends.append(len(times) - 1)
-        done_ms = pipeline_done_ms(times, rule.num_stages)
-        return sum(done_ms[end] for end in ends) / len(ends), first_chunks
-
-    first_history, first_remaining = held[0]
-
-    def first_fits(target: float, count: int) -> bool:
-        return bool(prefill_chunk_ms(rule, plan(target), first_history, first_remaining, count))
-
-    best_cost, chunks = exact_cost(target_ms)
-    if chunks > EXACT_MAX_CHUNKS:
-        return target_ms
-    best_target = target_ms
-    for count in range(max(1, chunks - 1), min(chunks + 1, EXACT_MAX_CHUNKS) + 1):
-        if not first_fits(high, count):
-            continue
-        lo_ms, hi_ms = low, high  # the least target at which the first prefill takes <= count chunks
-        for _ in range(_STEP_SEARCH_ROUNDS):
-            middle = math.sqrt(lo_ms * hi_ms)
-            lo_ms, hi_ms = (lo_ms, middle) if first_fits(middle, count) else (middle, hi_ms)
-        cost = exact_cost(hi_ms)[0]
-        if cost < best_cost:
-            best_cost, best_target = cost, hi_ms
-    return best_target

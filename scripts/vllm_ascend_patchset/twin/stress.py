@@ -13,9 +13,11 @@ Each stress surface changes one mechanism:
   (spilled tiles stream from device memory); attention pairs over history beyond 16k
   tokens cost 2.5x (the KV cache no longer stays resident). Time per token is flat,
   then climbs steeply.
-- ``tiles128``, ``tiles256``: matrix units work on tiles of 128 (256) rows, so a chunk
-  costs as many tokens as the tiles it fills, and attention runs over whole tiles of
-  history: time rises in steps.
+- ``tiles128``, ``tiles256``, ``tiles512``: matrix units work on tiles of 128 (256, 512)
+  rows, so a chunk costs as many tokens as the tiles it fills, and attention runs over
+  whole tiles of history: time rises in steps. ``tiles128-light`` is the 128-row device
+  with a small per-step cost (2 ms, a step launched as one graph) and cheaper tokens:
+  a tile's step is then a large share of a small chunk's time.
 - ``knee``: part of each step's overhead appears only once a chunk needs more than one
   pass of the compute units (K = 512 tokens): small chunks are cheaper than the line
   through large ones predicts.
@@ -83,6 +85,8 @@ STRESS_SURFACES = {
     "cache": StressSurface("cache", "cache", size_tokens=1536.0),
     "tiles128": StressSurface("tiles128", "tiles", size_tokens=128.0),
     "tiles256": StressSurface("tiles256", "tiles", size_tokens=256.0),
+    "tiles512": StressSurface("tiles512", "tiles", size_tokens=512.0),
+    "tiles128-light": StressSurface("tiles128-light", "tiles", fixed_ms=2.0, token_ms=0.02, size_tokens=128.0),
     # An empty step costs only the part of the overhead that does not grow with the chunk.
     "knee": StressSurface("knee", "knee", fixed_ms=10.0, size_tokens=512.0),
     "attn-switch": StressSurface("attn-switch", "attn-switch", size_tokens=24576.0),

@@ -70,20 +70,21 @@ def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
     points, repeats, history = defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points
     sizes, lengths, probe, runs = profile_runs(8192, points, repeats, history)
     ladder = cpp_profiling.chunk_ladder(8192, points)
-    probed = [size for size, _ in cpp_profiling.tile_probe(8192)]
+    probed = {size for size, _ in cpp_profiling.tile_probe(8192)}
     on_ladder = [size for size in probed if size in ladder]
     says(
         "docs/cpp.md",
         f"At a base chunk of 8192 and the default settings that is {sizes} sizes x {lengths} lengths + {probe} "
-        f"probe runs (the eighth, {on_ladder[0]} tokens, is on the ladder), in {repeats} passes: {runs} runs after "
+        f"probe runs (each S is on the ladder), in {repeats} passes: {runs} runs after "
         f"the {cpp_profiling.WARMUP_RUNS} warm-up runs",
     )
-    assert len(probed) == 8 and len(on_ladder) == 1
+    assert len(probed) == 2 * len(on_ladder) == 2 * len(cpp_acceptance.TILE_CANDIDATES)
     says(
         "vllm_ascend_overlay/core/cpp_profiling.py",
-        f"{sizes} sizes x {lengths} lengths + {probe} probe runs (the eighth is on the ladder), "
+        f"{sizes} sizes x {lengths} lengths + {probe} probe runs (each S is on the ladder), "
         f"{repeats} passes: {runs} runs after {cpp_profiling.WARMUP_RUNS} warm-up runs",
     )
+    says("docs/cpp.md", f"each {cpp_profiling.PROBE_REPEATS} times a pass (S counting its run on the ladder)")
     says("docs/cpp.md", f"runs real forward passes: {WORDS[cpp_profiling.WARMUP_RUNS]} warm-up runs (dropped)")
     says("docs/cpp.md", f"the 1-1.5-2 ladder: {', '.join(map(str, ladder[:8]))}, ... up to the base chunk")
     tiles = cpp_acceptance.TILE_CANDIDATES
@@ -100,7 +101,8 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     )
     says("docs/cpp.md", f"more than {a.UNSTABLE_LOSS:.0%} slower than the full model's own, the same runs are measured")
     says("docs/cpp.md", f"are measured {WORDS[cpp_profiling.EXTRA_ROUNDS]} more")
-    says("docs/cpp.md", f"by more than {a.FALL_SIGMAS:g} times the scatter and more than {a.STEP_TOKENS} tokens' worth")
+    says("docs/cpp.md", f"by more than {a.FALL_SIGMAS:g} standard errors of the two medians")
+    says("docs/cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the slope measured up to the next size")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")

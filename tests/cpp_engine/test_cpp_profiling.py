@@ -14,11 +14,13 @@ def test_plan_is_the_ladder_at_every_history_with_the_tile_probe_in_passes():
     ladder = [1, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
     histories = [0, 24960, 49920, 74880, 99968]
     one_pass = plan[: len(plan) // 2]
-    assert plan == one_pass * 2 and len(set(one_pass)) == len(one_pass)  # passes, not repeats in a row
+    assert plan == one_pass * 2  # passes, not repeats in a row
     grid = [(c, h) for h in histories for c in ladder]
-    assert one_pass[: len(grid)] == grid  # every size at every history, small chunks too
+    assert one_pass[: len(grid)] == grid and len(set(grid)) == len(grid)  # every size at every history
     probe = one_pass[len(grid) :]
-    assert probe == [(1088, 0), (1089, 0), (1152, 0), (1153, 0), (1280, 0), (1281, 0), (1537, 0)]  # 1536 is a size
+    # Each tile's first boundary and one token past it, three times a pass (S's grid run counts), alternating.
+    pairs = [(64, 0), (65, 0), (128, 0), (129, 0), (256, 0), (257, 0), (512, 0), (513, 0)]
+    assert probe == pairs * 2 + [run for run in pairs if run[0] % 2]
     assert len(plan) + cpp_profiling.WARMUP_RUNS <= 218  # no more runs than the profile of the previous version
 
 

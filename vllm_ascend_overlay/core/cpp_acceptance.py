@@ -19,10 +19,13 @@ well one functional form fits it:
    after the last round the model of every round's median is the best estimate there is.
 3. **Tiles**: a device that works on tiles of rows (64 to 512 tokens) costs as much for
    one token past a tile boundary as for a whole tile more. The profile's tile probe
-   measures pairs of sizes S and S + 1 at an odd multiple S of each candidate tile: a
-   jump beyond the scatter, and beyond the smooth cost of ``STEP_TOKENS`` tokens, at a
-   tile's boundaries and at every larger candidate's, makes the smallest such tile the
-   granule, and chunks are then whole multiples of it (core/cpp_chunk_rule.py).
+   measures pairs of sizes S and S + 1 at each candidate tile's first boundary (S = the
+   tile, where a tile's step is the largest share of the chunk's time), several times
+   each: a jump beyond ``FALL_SIGMAS`` standard errors of the two medians (from the
+   scatter and their repeats), and beyond ``STEP_TOKENS`` tokens at the slope measured
+   up to the next size, at a tile's boundary and at every larger candidate's, makes the
+   smallest such tile the granule, and chunks are then whole multiples of it
+   (core/cpp_chunk_rule.py).
 4. **The fallback is never the worst choice**: when a profile stays broken,
    the scheduler runs the fixed chunk that is best for the reference prompt on what the
    valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
@@ -34,6 +37,7 @@ Pure Python and numpy: no vLLM, no I/O.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
@@ -126,17 +130,31 @@ def grid_part(points: Sequence[Point]) -> list[Point]:
     return [p for p in points if sizes[p.chunk_tokens] == histories]
 
 
+def _median_variance(repeats: int) -> float:
+    """The variance of a median of ``repeats`` samples, in units of one sample's (Gaussian noise)."""
+    return 1.0 / repeats if repeats <= 2 else math.pi / (2.0 * repeats)
+
+
 def detect_granule(points: Sequence[Point], scatter: float) -> int:
     """The tile the profile's probe saw time step at (1: none); see the module docstring."""
-    without_history = {p.chunk_tokens: p.median_ms for p in points if p.history_tokens == 0}
+    without_history = {p.chunk_tokens: p for p in points if p.history_tokens == 0}
+    sizes = sorted(without_history)
     granule = 1
     for tile in sorted(TILE_CANDIDATES, reverse=True):
-        boundaries = [c for c in without_history if c % tile == 0 and (c // tile) % 2 == 1 and c + 1 in without_history]
+        boundaries = [c for c in sizes if c % tile == 0 and (c // tile) % 2 == 1 and c + 1 in without_history]
         if not boundaries:
             continue
-        size = boundaries[0]
-        jump = without_history[size + 1] / without_history[size] - 1.0
-        if not jump > max(FALL_SIGMAS * scatter, STEP_TOKENS / size):
+        low, high = without_history[boundaries[0]], without_history[boundaries[0] + 1]
+        jump = high.median_ms / low.median_ms - 1.0
+        # The smooth growth a step must beat: STEP_TOKENS tokens at the slope up to the next measured size.
+        beyond = [c for c in sizes if c > high.chunk_tokens]
+        if beyond:
+            slope_ms = (without_history[beyond[0]].median_ms - low.median_ms) / (beyond[0] - low.chunk_tokens)
+            smooth = STEP_TOKENS * slope_ms / low.median_ms
+        else:
+            smooth = STEP_TOKENS / low.chunk_tokens
+        noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
+        if not jump > max(noise, smooth):
             break
         granule = tile
     return granule

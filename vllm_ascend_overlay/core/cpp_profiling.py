@@ -27,10 +27,10 @@ that sit on tile boundaries, and C = 1 measures what a decode costs; every size 
 every history length (0 and ``profile_history_points`` lengths evenly up to the deepest
 history the scheduler will see), so the efficient chunk and the chunk for a time are
 read from measurements, at small chunks too; and a tile probe, pairs of sizes S and
-S + 1 without history at odd multiples of each candidate tile (64 to 512 tokens), which
-tells whether time steps at tile boundaries (core/cpp_acceptance.py). For the default
-base chunk of 8192: 17 sizes x 5 lengths + 7 probe runs (the eighth is on the ladder),
-2 passes: 184 runs after 2 warm-up runs.
+S + 1 without history at the first boundary of each candidate tile (64 to 512 tokens),
+``PROBE_REPEATS`` times each a pass, which tells whether time steps at tile boundaries
+(core/cpp_acceptance.py). For the default base chunk of 8192: 17 sizes x 5 lengths + 20
+probe runs (each S is on the ladder), 2 passes: 210 runs after 2 warm-up runs.
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.
@@ -59,6 +59,7 @@ WARMUP_RUNS = 2
 PROFILE_RPC_TIMEOUT_S = 300.0
 EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy to decide well
 SMALLEST_LADDER_CHUNK = 32
+PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
 CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use
 
 MeasureFn = Callable[[int, int], float]
@@ -100,14 +101,10 @@ def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[
 
 
 def tile_probe(base_chunk_tokens: int) -> list[tuple[int, int]]:
-    """Pairs (S, S + 1) without history where S is an odd multiple of a candidate tile (core/cpp_acceptance.py)."""
-    probe_tokens = min(max(base_chunk_tokens // 2, 256), 1024)
-    runs = []
-    for tile in TILE_CANDIDATES:
-        size = (probe_tokens // tile) | 1  # an odd count of tiles: a boundary of this tile, not of twice it
-        if size * tile + 1 <= base_chunk_tokens:
-            runs += [(size * tile, 0), (size * tile + 1, 0)]
-    return runs
+    """Pairs (S, S + 1) without history at each candidate tile's first boundary, S = the tile
+    (core/cpp_acceptance.py): one token past the smallest chunk a tile holds costs a whole
+    tile more, the largest step relative to the chunk's time there is on that device."""
+    return [run for tile in TILE_CANDIDATES if tile + 1 <= base_chunk_tokens for run in ((tile, 0), (tile + 1, 0))]
 
 
 def profile_plan(
@@ -120,13 +117,17 @@ def profile_plan(
     align: int = 1,
 ) -> list[tuple[int, int]]:
     """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
-    and the tile probe."""
+    and the tile probe, each probe point ``PROBE_REPEATS`` times a pass (its S counting the grid's run)."""
     grid = [
         (chunk, history)
         for history in history_levels(max_history_tokens, history_points, align)
         for chunk in chunk_ladder(base_chunk_tokens, points)
     ]
-    probe = [run for run in tile_probe(base_chunk_tokens) if run not in grid]
+    probe = []
+    for run in tile_probe(base_chunk_tokens) * PROBE_REPEATS:  # S and S + 1 alternate: drift falls on both
+        if run in grid and probe.count(run) + 1 >= PROBE_REPEATS:
+            continue
+        probe.append(run)
     return (grid + probe) * repeats
 
 

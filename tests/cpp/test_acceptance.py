@@ -119,8 +119,8 @@ def test_a_jump_inside_the_scatter_is_not_a_tile():
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(
     "truth, noise",
-    [(Tiles(128, fixed_ms=2.0, token_ms=0.02), 0.05), (Tiles(256), 0.03), (Tiles(128), 0.02), (Tiles(512), 0.05)],
-    ids=["128-small-step-cost-5%", "256-3%", "128-2%", "512-5%"],
+    [(Tiles(128, fixed_ms=2.0, token_ms=0.02), 0.10), (Tiles(256), 0.03), (Tiles(128), 0.02), (Tiles(512), 0.05)],
+    ids=["128-small-step-cost-10%", "256-3%", "128-2%", "512-5%"],
 )
 def test_the_tile_probe_sees_tiles_through_the_noise_of_a_real_host(truth, noise, seed):
     """A host's step times scatter by a few percent; the probe must still see a tile's step."""

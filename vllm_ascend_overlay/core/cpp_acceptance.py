@@ -23,9 +23,10 @@ well one functional form fits it:
    tile, where a tile's step is the largest share of the chunk's time), several times
    each: a jump beyond ``FALL_SIGMAS`` standard errors of the two medians (from the
    scatter and their repeats), and beyond ``STEP_TOKENS`` tokens at the slope measured
-   up to the next size, at a tile's boundary and at every larger candidate's, makes the
-   smallest such tile the granule, and chunks are then whole multiples of it
-   (core/cpp_chunk_rule.py).
+   up to the next size, makes the smallest candidate that steps there the granule (a
+   larger tile's device does not step at a smaller one's first boundary, and a smaller
+   tile's steps at a larger one's by only its own tile, too little to ask for), and
+   chunks are then whole multiples of it (core/cpp_chunk_rule.py).
 4. **The fallback is never the worst choice**: when a profile stays broken,
    the scheduler runs the fixed chunk that is best for the reference prompt on what the
    valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
@@ -139,8 +140,7 @@ def detect_granule(points: Sequence[Point], scatter: float) -> int:
     """The tile the profile's probe saw time step at (1: none); see the module docstring."""
     without_history = {p.chunk_tokens: p for p in points if p.history_tokens == 0}
     sizes = sorted(without_history)
-    granule = 1
-    for tile in sorted(TILE_CANDIDATES, reverse=True):
+    for tile in sorted(TILE_CANDIDATES):
         boundaries = [c for c in sizes if c % tile == 0 and (c // tile) % 2 == 1 and c + 1 in without_history]
         if not boundaries:
             continue
@@ -154,10 +154,9 @@ def detect_granule(points: Sequence[Point], scatter: float) -> int:
         else:
             smooth = STEP_TOKENS / low.chunk_tokens
         noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
-        if not jump > max(noise, smooth):
-            break
-        granule = tile
-    return granule
+        if jump > max(noise, smooth):
+            return tile
+    return 1
 
 
 def reference_prompt_tokens(rule: ChunkRule, max_history_tokens: int) -> int:

@@ -102,7 +102,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"more than {a.UNSTABLE_LOSS:.0%} slower than the full model's own, the same runs are measured")
     says("docs/cpp.md", f"are measured {WORDS[cpp_profiling.EXTRA_ROUNDS]} more")
     says("docs/cpp.md", f"by more than {a.FALL_SIGMAS:g} standard errors of the two medians")
-    says("docs/cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the slope measured up to the next size")
+    says("docs/cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the steeper slope measured to the sizes")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")

@@ -128,6 +128,13 @@ def test_the_tile_probe_sees_tiles_through_the_noise_of_a_real_host(truth, noise
     assert verdict.granule_tokens == truth.tile_tokens
 
 
+def test_a_time_that_falls_after_the_probe_is_no_tile():
+    """A broken size just past S + 1 must not pass for the step a tile would make there."""
+    samples = [(c, h, t * (0.3 if c == 384 else 1.0)) for c, h, t in start_up_samples(CPU_LIKE, noise=0.0)]
+    points, scatter = group_points(samples)
+    assert detect_granule(points, scatter) == 1
+
+
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT])
 def test_noise_alone_makes_no_tile(truth, seed):

@@ -22,8 +22,8 @@ well one functional form fits it:
    measures pairs of sizes S and S + 1 at each candidate tile's first boundary (S = the
    tile, where a tile's step is the largest share of the chunk's time), several times
    each: a jump beyond ``FALL_SIGMAS`` standard errors of the two medians (from the
-   scatter and their repeats), and beyond ``STEP_TOKENS`` tokens at the slope measured
-   up to the next size, makes the smallest candidate that steps there the granule (a
+   scatter and their repeats), and beyond ``STEP_TOKENS`` tokens at the steeper slope
+   measured to the sizes either side, makes the smallest candidate that steps there the granule (a
    larger tile's device does not step at a smaller one's first boundary, and a smaller
    tile's steps at a larger one's by only its own tile, too little to ask for), and
    chunks are then whole multiples of it (core/cpp_chunk_rule.py).
@@ -146,13 +146,13 @@ def detect_granule(points: Sequence[Point], scatter: float) -> int:
             continue
         low, high = without_history[boundaries[0]], without_history[boundaries[0] + 1]
         jump = high.median_ms / low.median_ms - 1.0
-        # The smooth growth a step must beat: STEP_TOKENS tokens at the slope up to the next measured size.
-        beyond = [c for c in sizes if c > high.chunk_tokens]
-        if beyond:
-            slope_ms = (without_history[beyond[0]].median_ms - low.median_ms) / (beyond[0] - low.chunk_tokens)
-            smooth = STEP_TOKENS * slope_ms / low.median_ms
-        else:
-            smooth = STEP_TOKENS / low.chunk_tokens
+        # The smooth growth a step must beat: STEP_TOKENS tokens at the steeper of the slopes from the
+        # measured size below S and up to the one above S + 1 (a step shows only in the one above).
+        below = [c for c in sizes if c < low.chunk_tokens][-1:]
+        above = [c for c in sizes if c > high.chunk_tokens][:1]
+        slopes = [(low.median_ms - without_history[c].median_ms) / (low.chunk_tokens - c) for c in below]
+        slopes += [(without_history[c].median_ms - low.median_ms) / (c - low.chunk_tokens) for c in above]
+        smooth = STEP_TOKENS * max(slopes) / low.median_ms if slopes else STEP_TOKENS / low.chunk_tokens
         noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
         if jump > max(noise, smooth):
             return tile

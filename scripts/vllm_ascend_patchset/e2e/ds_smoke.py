@@ -59,6 +59,7 @@ def serve_command(model_dir: Path, port: int, tp: int, pp: int, dual_stream: boo
     command += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp), "--enable-chunked-prefill"]
     command += ["--max-num-batched-tokens", str(budget), "--max-model-len", str(max_model_len)]
     command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
+    command += ["--shutdown-timeout", str(e2e.SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     dual = {"enabled": dual_stream, "length_threshold": length_threshold, "cache_dir": str(cache_dir / "ds")}
     additional: dict[str, Any] = {"dual_stream_config": dual}

@@ -36,6 +36,9 @@ MAX_MODEL_LEN = 33792  # a 32k prompt plus its output
 READY_TIMEOUT_S = 900.0
 REQUEST_TIMEOUT_S = 600.0
 STOP_GRACE_S = 60.0
+# vLLM's default (0) aborts: the engine core is killed at once and its workers' shared memory stays
+# in /dev/shm. A few seconds let it stop its workers, which remove theirs.
+SHUTDOWN_TIMEOUT_S = 10
 OURS_SCHEDULER = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
 UPSTREAM_SCHEDULER = OURS_SCHEDULER  # the same path in the pristine tree
 WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
@@ -83,6 +86,7 @@ def serve_command(
     command += ["--max-num-batched-tokens", str(policy.max_num_batched_tokens)]
     command += ["--max-model-len", str(max_model_len)]
     command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
+    command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     if policy.kind != "fixed":
         config = dict(policy.additional_config["profiling_chunk_config"])

@@ -155,10 +155,12 @@ def constant_chunk_if_better(
         return plan
     costs: dict[int, float] = {}
 
+    def constant(index: int) -> Plan:
+        return Plan(high, plan.fixed_ms, plan.efficient.capped(sizes[index]), sizes[index])
+
     def cost_of(index: int) -> float:
         if index not in costs:
-            constant = Plan(high, plan.fixed_ms, plan.efficient.capped(sizes[index]), sizes[index])
-            costs[index] = exact_cost(rule, held, constant, inflight_ms, _CONSTANT_MAX_CHUNKS)[0]
+            costs[index] = exact_cost(rule, held, constant(index), inflight_ms, _CONSTANT_MAX_CHUNKS)[0]
         return costs[index]
 
     spread = np.unique(np.linspace(0, len(sizes) - 1, min(len(sizes), _CONSTANT_SIZES)).round().astype(int))
@@ -166,4 +168,4 @@ def constant_chunk_if_better(
     best = min([best, *[i for i in (best - 1, best + 1) if 0 <= i < len(sizes)]], key=cost_of)
     if cost_of(best) >= exact_cost(rule, held, plan, inflight_ms, _CONSTANT_MAX_CHUNKS)[0]:
         return plan
-    return Plan(high, plan.fixed_ms, plan.efficient.capped(sizes[best]), sizes[best])
+    return constant(best)

@@ -208,3 +208,34 @@ def test_uneven_stage_check_reads_the_scheduler_and_worker_lines():
     worker_line = worker_format % (2048, 0, 401.5, 1)  # noqa: UP031
     assert smoke.TIMED_STEP_RE.findall(f"x {scheduler_line} y") == [("2048", "812.50", "790.25")]
     assert smoke.PROFILE_RUN_RE.findall(worker_line) == [("2048", "0", "401.5", "1")]
+
+
+_INIT_LINE = "(Worker pid=7) INFO parallel_state.py world_size=4 rank=0 distributed_init_method=tcp://127.0.0.1:45457"
+_SEGMENTS = ["45457-tp:0-[0-1]-cpushm_0", "45457-pp:0-[0-2]-cpushm_1"]
+
+
+@pytest.mark.parametrize(
+    ("log", "entries", "leftover_names", "noted"),
+    [
+        # vLLM signalled its workers after its grace: the server's segments are a note, and removed
+        (f"{_INIT_LINE}\nExecutor: {servers.WORKERS_SIGNALLED}; sending SIGTERM", _SEGMENTS, [], True),
+        # the workers exited on their own and still left segments: a leftover (removed too)
+        (_INIT_LINE, _SEGMENTS, _SEGMENTS, False),
+        # another server's segments, or another name, are never the server's: kept and reported
+        (f"{_INIT_LINE}\n{servers.WORKERS_SIGNALLED}", ["51000-tp:0-[0-1]-cpushm_0", "psm_x"], None, False),
+    ],
+)
+def test_a_stopped_servers_shm_segments_are_removed_and_only_vllms_grace_makes_them_a_note(
+    log, entries, leftover_names, noted
+):
+    removed = []
+    leftovers, note = servers.shm_after_stop(entries, log, removed.extend)
+    own = [e for e in entries if e.startswith("45457-")]
+    assert removed == own
+    assert bool(note) == noted
+    if leftover_names is None:  # not the server's: left in place and named
+        assert leftovers == [f"/dev/shm entries left: {entries}"]
+    elif leftover_names:
+        assert len(leftovers) == 1 and all(name in leftovers[0] for name in leftover_names)
+    else:
+        assert leftovers == []

@@ -15,7 +15,8 @@ which batches split is decided by the batches alone, not by timings. Checks:
   on every rank (every stage), none with it off;
 - the gate's decisions (tokens, reason, split point) identical on the TP ranks of a stage;
 - with CPP on, its latency model adopted and its plan logged;
-- each server stops cleanly: no process of its group, no new /dev/shm entry left.
+- each server stops cleanly: no process of its group, no new /dev/shm entry left (vLLM's
+  signalled workers' segments excepted and removed: servers.shm_after_stop).
 """
 
 from __future__ import annotations

@@ -39,6 +39,10 @@ STOP_GRACE_S = 60.0
 # vLLM's default (0) aborts: the engine core is killed at once and its workers' shared memory stays
 # in /dev/shm. A few seconds let it stop its workers, which remove theirs.
 SHUTDOWN_TIMEOUT_S = 10
+# vLLM's executor, when its workers outlive its fixed 4 s grace (then it signals them)
+WORKERS_SIGNALLED = "workers still running after grace period"
+_DIST_INIT_PORT = re.compile(r"distributed_init_method=\S*?:(\d+)\b")  # the workers' init line
+_CPU_SHM_MARK = "-cpushm_"  # the CPU engine's shared-memory communicator segments
 OURS_SCHEDULER = "vllm_ascend.core.scheduler_profiling_chunk.ProfilingChunkScheduler"
 UPSTREAM_SCHEDULER = OURS_SCHEDULER  # the same path in the pristine tree
 WORKER_EXTENSION = "vllm_ascend_patchset.e2e.worker.CppCpuWorker"
@@ -128,7 +132,8 @@ class ServerProcess:
         self.command = command_for_port(self.port)
         self.proc: subprocess.Popen | None = None
         self._shm_before: set[str] = set()
-        self.leftovers: list[str] = []
+        self.leftovers: list[str] = []  # what a clean stop must not leave
+        self.notes: list[str] = []  # what vLLM's own shutdown left, and the stop removed
 
     def __enter__(self) -> Server:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -170,7 +175,13 @@ class ServerProcess:
             except ProcessLookupError:
                 pass
         new_shm = sorted(_shm_entries() - self._shm_before)
-        if new_shm:
+        if new_shm and not _group_alive(pgid):
+            leftovers, note = shm_after_stop(new_shm, self.log_text(), _remove_shm)
+            self.leftovers += leftovers
+            if note:
+                self.notes.append(note)
+                print(f"note: {note}", file=sys.stderr)
+        elif new_shm:
             self.leftovers.append(f"/dev/shm entries left: {new_shm}")
         self.proc = None
 
@@ -200,6 +211,43 @@ class Server(ServerProcess):
             extra_env,
         )
         self.policy = policy
+
+
+def shm_after_stop(new_entries: list[str], log_text: str, remove: Callable[[list[str]], None]) -> tuple[list[str], str]:
+    """What a stopped server left in /dev/shm: (leftovers, a note), the engine's own segments removed.
+
+    The CPU engine's shared-memory communicator names its segments after the distributed
+    init port its workers log (``PORT-GROUP-cpushm_RANK``), so the segments of this server,
+    and only they, are known. vLLM's executor gives its workers 4 s to exit and then signals
+    them (it logs ``WORKERS_SIGNALLED``); signalled workers leave their segments. On a busy
+    2-core host the four workers of PP = 2 x TP = 2 can need longer: vLLM's own shutdown, not
+    a fault of the server's code, so it is a note. Segments left by workers that exited on
+    their own, or entries of another name, are leftovers. The server's segments are removed
+    either way: its processes are gone, and they hold memory.
+    """
+    ports = set(_DIST_INIT_PORT.findall(log_text))
+    owned = [name for name in new_entries if name.split("-", 1)[0] in ports and _CPU_SHM_MARK in name]
+    others = [name for name in new_entries if name not in owned]
+    if owned:
+        remove(owned)
+    leftovers = [f"/dev/shm entries left: {others}"] if others else []
+    if owned and WORKERS_SIGNALLED in log_text:
+        note = (
+            f"vLLM's executor signalled its workers after its 4 s grace; the {len(owned)} CPU-communicator "
+            "segments they left in /dev/shm were removed"
+        )
+        return leftovers, note
+    if owned:
+        leftovers.append(f"/dev/shm entries left by workers that exited on their own (removed): {owned}")
+    return leftovers, ""
+
+
+def _remove_shm(names: list[str]) -> None:
+    for name in names:
+        try:
+            os.unlink(os.path.join("/dev/shm", name))
+        except FileNotFoundError:
+            pass
 
 
 def _group_alive(pgid: int) -> bool:

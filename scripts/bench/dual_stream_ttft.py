@@ -6,8 +6,9 @@ then on) it starts ``vllm serve MODEL --tensor-parallel-size 2`` with the varian
 ``--additional-config``, waits for ``/health``, drives it with ``vllm bench serve`` at
 a fixed reference setting (random prompts of 2600 input tokens, 400 requests, all sent at
 once), stops the server, and finally prints mean, median and P99 TTFT and TPOT of both runs
-and the change in percent (the reference figures for that setting: mean TTFT -6.30 %,
-median -6.71 %, P99 -6.90 %).
+and the change in percent. Both runs serve eagerly (``--enforce-eager``): dual stream splits
+only eager batches, and the single-stream run is served the same way, so the two differ in
+the dual-stream config alone.
 
     python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B
     python scripts/bench/dual_stream_ttft.py --model /models/Qwen3-32B --dry-run   # commands only
@@ -67,9 +68,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="Qwen3 dense model path or name")
     parser.add_argument("--tensor-parallel-size", "--tp", type=int, default=2, dest="tp")
-    parser.add_argument("--input-len", type=_positive_int, default=2600, help="random prompt tokens (seed: 2600)")
+    parser.add_argument("--input-len", type=_positive_int, default=2600, help="prompt tokens a request (default 2600)")
     parser.add_argument("--output-len", type=_positive_int, default=128, help="generated tokens per request")
-    parser.add_argument("--num-prompts", type=_positive_int, default=400, help="requests (seed: batch 400)")
+    parser.add_argument("--num-prompts", type=_positive_int, default=400, help="requests (default: 400, sent at once)")
     parser.add_argument("--request-rate", default="inf", help="requests/s for vllm bench serve (inf: all at once)")
     parser.add_argument("--split-strategy", choices=STRATEGIES, default="token_balanced")
     parser.add_argument("--balance-threshold", type=_positive_float, default=None, help="default: the config's")
@@ -118,6 +119,7 @@ def serve_command(args: argparse.Namespace, variant: Variant) -> list[str]:
         args.host,
         "--port",
         str(args.port),
+        "--enforce-eager",  # both runs: dual stream splits eager batches only (a captured graph is one stream)
         "--additional-config",
         json.dumps(additional_config(args, variant), separators=(",", ":")),
         *serve_ab.split_serve_args(args.serve_arg),

@@ -30,7 +30,7 @@ def _flag(command, name):
     return command[command.index(name) + 1]
 
 
-def test_defaults_are_the_seeds_setting(bench):
+def test_defaults_are_the_reference_setting(bench):
     args = bench.parse_args(["--model", "/m/Qwen3-8B"])
     assert (args.tp, args.input_len, args.num_prompts, args.request_rate) == (2, 2600, 400, "inf")
 
@@ -40,6 +40,7 @@ def test_serve_commands_differ_only_in_the_dual_stream_config(bench):
                              "--serve-arg", "--max-num-batched-tokens 8192"])  # fmt: skip
     single, dual = (bench.serve_command(args, v) for v in bench.VARIANTS)
     assert single[:3] == ["vllm", "serve", "/m/Qwen3-8B"] and _flag(single, "--tensor-parallel-size") == "2"
+    assert "--enforce-eager" in single and "--enforce-eager" in dual  # else dual stream splits nothing
     assert json.loads(_flag(single, "--additional-config")) == {"dual_stream_config": {"enabled": False}}
     assert json.loads(_flag(dual, "--additional-config")) == {
         "dual_stream_config": {"enabled": True, "split_strategy": "half_batch", "length_threshold": 256}
@@ -49,7 +50,7 @@ def test_serve_commands_differ_only_in_the_dual_stream_config(bench):
     assert single[:strip] == dual[:strip] and single[strip + 1 :] == dual[strip + 1 :]
 
 
-def test_bench_command_drives_the_seeds_load_and_saves_where_it_reads(bench, tmp_path):
+def test_bench_command_drives_the_reference_load_and_saves_where_it_reads(bench, tmp_path):
     args = bench.parse_args(["--model", "m", "--result-dir", str(tmp_path), "--port", "8123"])
     for variant in bench.VARIANTS:
         command = bench.bench_command(args, variant)

@@ -277,3 +277,15 @@ def test_tp1_warns_once_and_stays_valid(caplog, monkeypatch):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].getMessage().startswith("[DualStream] dual_stream_config.enabled")
     assert "tensor_parallel_size is 1" in warnings[0].getMessage()
+
+
+def test_a_cache_dir_that_is_a_file_is_refused_naming_the_key_and_a_relative_one_is_made_absolute(
+    tmp_path, monkeypatch
+):
+    a_file = tmp_path / "probes.json"
+    a_file.write_text("{}")
+    with pytest.raises(ValueError) as info:
+        validate({"enabled": True, "cache_dir": str(a_file)})
+    assert "cache_dir" in str(info.value)
+    monkeypatch.chdir(tmp_path)
+    assert validate({"enabled": True, "cache_dir": "ds-cache"}).cache_path == str(tmp_path / "ds-cache")

@@ -76,8 +76,10 @@ class DualStreamConfig:
     )
     cache_dir: str | None = setting(
         "~/.cache/vllm_ascend/dual_stream",
-        'where the measured gate keeps its probes across restarts; `""` or null keeps none',
+        "where the measured gate keeps its probes across restarts; `~` is expanded and a relative path is "
+        'taken from the working directory at start-up; `""` or null keeps none',
         nullable=True,
+        folder=True,
     )
 
     @classmethod

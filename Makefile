@@ -15,7 +15,7 @@ BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
 BENCH_E2E_DS_ARGS ?=
 
-.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean
+.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean help
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -27,6 +27,7 @@ assemble:         ## build/<target>/vllm_ascend only
 	$(TOOL) assemble $(TARGET_ARGS)
 
 venv:             ## the CPU test environment in .venv
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"the test environment needs Python 3.11 or later as python3 (found {v.major}.{v.minor}): its pinned numpy and scipy need 3.11; PYTHON=python3.11 make test uses another")'
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_test_env.sh
 
 test: venv assemble  ## every test (the README's and CI's command)
@@ -100,5 +101,8 @@ lint: venv        ## ruff check + format check through the pre-commit local hook
 format: venv      ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
-clean:
+clean:            ## remove build/ and dist/ (the caches under .cache/ stay)
 	rm -rf build dist
+
+help:             ## this list
+	@grep -E '^[a-z][a-z0-9-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:[^#]*## /\t/' | expand -t 18

@@ -7,8 +7,11 @@ CPP, waits for ``/health``, drives each with ``vllm bench serve`` on the random 
 (same seed, long inputs), stops the server, and prints TTFT mean, median and P99 with
 the ratio CPP / fixed. Needs Ascend NPUs; ``--dry-run`` prints the exact commands.
 
-    python scripts/bench/cpp_serve.py --model /models/Qwen3-32B --pp 4 --input-len 65536
-    python scripts/bench/cpp_serve.py --model /models/Qwen3-32B --pp 4 --input-len 65536 --dry-run
+    python scripts/bench/cpp_serve.py --model /models/Qwen3-32B --pp 4 --input-len 32768
+    python scripts/bench/cpp_serve.py --model /models/Qwen3-32B --pp 4 --input-len 32768 --dry-run
+
+Qwen3's native context is 40,960 tokens: longer inputs need the model served with YaRN
+rope scaling (``--serve-arg``, as the model card describes) or vLLM refuses the length.
 
 The first CPP start profiles the model (tens of seconds) and saves the profile under
 ``--cpp-cache-dir``; later starts reuse it. Compare against a tuned fixed chunk too

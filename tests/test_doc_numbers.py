@@ -93,7 +93,7 @@ def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
 
 def test_the_cpp_docs_thresholds_are_the_codes():
     a, c = cpp_acceptance, cpp_calibration
-    says("docs/cpp.md", f"measured over at least {SHARES[cpp_profiling.CACHED_HISTORY_COVERAGE]} the history")
+    says("docs/cpp.md", f"histories from none to at least {SHARES[cpp_profiling.CACHED_HISTORY_COVERAGE]} of what")
     says(
         "docs/cpp.md",
         f"by more than {a.FALL_SIGMAS:g} times the measured scatter between repeats of one point (and more than "

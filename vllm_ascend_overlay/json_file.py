@@ -43,7 +43,10 @@ def read_json(path: str | os.PathLike, max_bytes: int, error: type[Exception]) -
             raw = handle.read(max_bytes + 1)
         if len(raw) > max_bytes:
             raise error(f"larger than {max_bytes >> 20} MiB")
-        return json.loads(raw)
+        value = json.loads(raw)
+        if value is None:  # a file of ``null`` is not "no file": it is reported, not silently overwritten
+            raise error("holds JSON null, not an object")
+        return value
     except error:
         raise
     except (OSError, ValueError, RecursionError) as failure:  # unreadable, not UTF-8, not JSON, nested too deep

@@ -258,7 +258,16 @@ BAD_FILES = {
     "float-tokens": (set_sample(3, [8192.0, 0, 50.0]), "chunk_tokens"),
     "chunk-of-400-digits": (set_sample(3, [10**400, 0, 50.0]), "chunk_tokens"),
     # samples that a fresh profile would not pass
-    "five-samples": (as_text(lambda data: data.update(samples=data["samples"][:5])), "history"),
+    "five-samples": (as_text(lambda data: data.update(samples=data["samples"][:5])), "measured"),
+    "no-samples": (as_text(lambda data: data.update(samples=[])), "1 to"),
+    "small-chunks-only": (
+        as_text(lambda data: data.update(samples=[s for s in data["samples"] if s[0] <= 64])),
+        "not 1..8192",
+    ),
+    "deep-histories-only": (
+        as_text(lambda data: data.update(samples=[[c, 2**30, ms] for c, _, ms in data["samples"]])),
+        "without history",
+    ),
     "two-chunk-sizes": (
         as_text(lambda data: data.update(samples=[s for s in data["samples"] if s[0] in (1, 8192)])),
         "chunk sizes",
@@ -266,6 +275,7 @@ BAD_FILES = {
     # a file that is not our profile
     "truncated": (lambda raw: raw[: len(raw) // 2], "JSONDecodeError"),
     "not-an-object": (lambda raw: b"[1, 2, 3]", "JSON object"),
+    "null": (lambda raw: b"null", "null"),
     "other-schema": (as_text(lambda data: data.update(schema_version=99)), "schema_version"),
     "schema-true": (as_text(lambda data: data.update(schema_version=True)), "schema_version"),
     "schema-float": (as_text(lambda data: data.update(schema_version=float(PROFILE_SCHEMA_VERSION))), "schema_version"),
@@ -277,7 +287,7 @@ BAD_FILES = {
     "samples-not-a-list": (as_text(lambda data: data.update(samples={"a": 1})), "list"),
     "too-many-samples": (
         as_text(lambda data: data.update(samples=data["samples"] * (MAX_PROFILE_SAMPLES // len(data["samples"]) + 1))),
-        "at most",
+        f"1 to {MAX_PROFILE_SAMPLES}",
     ),
     # input built to break a reader
     "nested-100k-deep": (lambda raw: b"[" * 100_000 + b"]" * 100_000, "RecursionError"),

@@ -83,6 +83,8 @@ def _valid():
         ("[]", "not a JSON object"),
         ("[" * 100_000 + "]" * 100_000, "RecursionError"),
         (_valid() | {"schema_version": 2}, "schema_version 2 != 1"),
+        (_valid() | {"schema_version": True}, "schema_version True != 1"),
+        ("null", "JSON null"),
         (_valid() | {"probes": {"128": [1, 1]}}, "probes must be a list of at most 12 entries"),
         (_valid() | {"probes": [[128, 1.0, 1.0]] * 13}, "at most 12 entries"),
         (_valid() | {"probes": [[100, 1.0, 1.0]]}, "size class 100 is not one of"),

@@ -167,8 +167,8 @@ def load_profile(path: str | os.PathLike, *, fingerprint: Mapping, base_chunk_to
     if type(base) is not int or base != base_chunk_tokens:
         raise ProfileCacheError(f"base_chunk_size {base!r:.40} is not {base_chunk_tokens}")
     samples = data.get("samples")
-    if not isinstance(samples, list) or len(samples) > MAX_PROFILE_SAMPLES:
-        raise ProfileCacheError(f"samples must be a list of at most {MAX_PROFILE_SAMPLES} entries")
+    if not isinstance(samples, list) or not samples or len(samples) > MAX_PROFILE_SAMPLES:
+        raise ProfileCacheError(f"samples must be a list of 1 to {MAX_PROFILE_SAMPLES} entries")
     try:
         return check_samples(samples)
     except SampleError as error:

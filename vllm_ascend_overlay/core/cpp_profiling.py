@@ -3,9 +3,10 @@
 ``initialise_profile`` gives the scheduler a latency model (core/cpp_latency_model.py),
 or, when the data cannot give one, the fixed chunk to run instead:
 
-1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured
-   over at least half the history this engine will use (``CACHED_HISTORY_COVERAGE``;
-   the model continues beyond what was measured), is adopted when its samples pass
+1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured as a
+   fresh one is (``check_coverage``: chunks from 1 token to the base chunk, histories from
+   none to at least ``CACHED_HISTORY_COVERAGE`` of what this engine will use; the model
+   continues beyond what was measured), is adopted when its samples pass
    the same judgement as a fresh profile (core/cpp_acceptance.py): no profiling run.
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
    then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each
@@ -171,6 +172,21 @@ def _no_model(reason: str) -> StartUp:
     return StartUp(Verdict(None, None, False, reason), [], None)
 
 
+def check_coverage(samples: list, base_chunk_tokens: int, max_history_tokens: int) -> None:
+    """ProfileCacheError unless a cached profile spans what the decisions read, as a fresh one
+    does: chunks from one token to the base chunk, histories from none to at least
+    ``CACHED_HISTORY_COVERAGE`` of the deepest this engine uses."""
+    chunks = [chunk for chunk, _, _ in samples]
+    histories = [history for _, history, _ in samples]
+    if min(chunks) > 1 or max(chunks) < base_chunk_tokens:
+        raise ProfileCacheError(f"chunks {min(chunks)}..{max(chunks)} measured, not 1..{base_chunk_tokens}")
+    if min(histories) > 0:
+        raise ProfileCacheError(f"no chunk measured without history (the shallowest is {min(histories)} tokens)")
+    if max(histories) < CACHED_HISTORY_COVERAGE * max_history_tokens:
+        deepest = max(histories)
+        raise ProfileCacheError(f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}")
+
+
 def initialise_profile(
     config: Any,
     limits: ChunkLimits,
@@ -190,11 +206,7 @@ def initialise_profile(
         try:
             cached = load_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens)
             if cached is not None:
-                deepest = max(history for _, history, _ in cached)
-                if deepest < CACHED_HISTORY_COVERAGE * max_history_tokens:
-                    raise ProfileCacheError(
-                        f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}"
-                    )
+                check_coverage(cached, base_chunk_tokens, max_history_tokens)
                 verdict = judge(cached, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
                 if verdict.model is None:
                     raise ProfileCacheError(verdict.reason)

@@ -81,7 +81,7 @@ def load(path: str | os.PathLike, *, key: Mapping, classes: Sequence[int], repea
         return None
     if not isinstance(data, dict):
         raise MeasuredCacheError("not a JSON object")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    if type(data.get("schema_version")) is not int or data.get("schema_version") != SCHEMA_VERSION:
         raise MeasuredCacheError(f"schema_version {data.get('schema_version')!r} != {SCHEMA_VERSION}")
     if data.get("fingerprint") != json.loads(json.dumps(dict(key), sort_keys=True)):
         raise MeasuredCacheError("fingerprint differs (other model, parallelism, versions, device or split rules)")

@@ -57,6 +57,7 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--workload", "mixed", "--prompt-range", "1k-4000k"], "--prompt-range/--output-range: a request of"),
         (["--stages", "abc"], "--stages 'abc': give whole numbers >= 1"),
         (["--stages", "0"], "--stages '0': give whole numbers >= 1"),
+        (["--stages", "1,2"], "--stages 1,2: CPP (ours, upstream) needs pipeline parallelism, P >= 2"),
         (["--stages", "4", "--layers", "8,8"], "one positive layer count per stage"),
         (["--stages", "2", "--layers", "8,x"], "--layers '8,x': give whole numbers >= 1"),
         (["--chunk", "10"], "--chunk 10: a chunk budget must lie in [64, "),

@@ -99,3 +99,9 @@ def test_a_scheduler_that_never_schedules_is_reported_not_looped_forever():
 
     with pytest.raises(SchedulerStuck, match="schedules no tokens"):
         run_pipeline(Stuck([100]), lambda chunks, index: (1.0,), num_stages=1)
+
+
+def test_a_request_that_arrives_at_no_finite_time_is_reported_not_waited_for():
+    # A clock moved to NaN never reaches the arrival: the run would spin for ever.
+    with pytest.raises(SchedulerStuck, match="arrives at nan ms; arrival times must be finite"):
+        run_pipeline(ScriptedDriver([100], arrival_ms=float("nan")), lambda chunks, index: (1.0,), num_stages=1)

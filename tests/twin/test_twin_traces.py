@@ -117,6 +117,11 @@ GOOD = mooncake_line(0, 600, 3, [1, 2])
         (mooncake_line(1, 600, 2.5, [1, 2]), r"t.jsonl:2: output_length 2.5 must be a whole number >= 0"),
         (mooncake_line(1, 600, 3, [1]), r"t.jsonl:2: 1 hash_ids for input_length 600; give one id per 512-token"),
         (mooncake_line(1, 600, 3, [1, -2]), r"t.jsonl:2: a hash_ids entry -2 must be a whole number >= 0"),
+        # numbers and nesting built to break a reader: named by file and line, never a traceback
+        (mooncake_line(1, 10**400, 3, []), r"t.jsonl:2: input_length 1000000\d* must be a whole number"),
+        (mooncake_line(10**400, 600, 3, [1, 2]), r"t.jsonl:2: timestamp 1000\d* must be a finite number"),
+        ('{"timestamp": 1, "input_length": 1' + "0" * 5000 + "}", r"t.jsonl:2: unreadable .* thousands of digits"),
+        ("[" * 100_000 + "]" * 100_000, r"t.jsonl:2: unreadable request object \(RecursionError\)"),
     ],
 )
 def test_a_bad_mooncake_line_is_named_by_file_and_line(tmp_path, line, message):
@@ -147,6 +152,21 @@ def test_a_slice_past_the_end_or_without_spread_is_refused(tmp_path):
         build(path, count=3)
     with pytest.raises(ValueError, match=r"no such file"):
         build(tmp_path / "missing.jsonl")
+
+
+def test_timestamps_that_go_back_or_cannot_be_scaled_to_the_load_are_refused(tmp_path):
+    # prefix hits and arrivals follow the file's order, so a later line may not arrive earlier
+    backwards = write(tmp_path, "b.jsonl", [mooncake_line(1000, 600, 3, [1, 2]), mooncake_line(0, 600, 3, [1, 2])])
+    with pytest.raises(ValueError, match=r"b.jsonl:2: timestamp 0 ms is before line 1's 1000; .*sort it by timestamp"):
+        build(backwards, count=2)
+    # a span so small (or a load so low) that the scaled arrivals are not finite: an error, not a hang
+    tiny = write(tmp_path, "t.jsonl", [mooncake_line(0, 600, 3, [1, 2]), mooncake_line(1e-310, 600, 3, [3, 4])])
+    with pytest.raises(ValueError, match=r"cannot be scaled to that load"):
+        build(tiny, count=2)
+    spread = write(tmp_path, "s.jsonl", [mooncake_line(0, 600, 3, [1, 2]), mooncake_line(500, 600, 3, [3, 4])])
+    with pytest.raises(ValueError, match=r"at --load 9.99989e-321: .* cannot be scaled"):
+        build(spread, count=2, load=1e-320)
+    assert [r.arrival_ms for r in build(spread, count=2).requests][0] == 0.0
 
 
 def test_equal_block_ids_give_equal_tokens_and_the_last_block_may_be_cut():

@@ -230,6 +230,12 @@ def _run(args: argparse.Namespace) -> int:
     surface_spec = args.surface or default_surface()
     surface = load_surface(surface_spec)
     stage_counts = parse_counts(args.stages, "--stages")
+    wanted = {w.strip() for w in args.policies.split(",")}
+    if min(stage_counts) < 2 and wanted & {"ours", "upstream"}:
+        raise ValueError(
+            f"--stages {args.stages}: CPP (ours, upstream) needs pipeline parallelism, P >= 2;"
+            " give --stages 2 or more, or --policies fixed,tuned"
+        )
     layers = tuple(parse_counts(args.layers, "--layers")) if args.layers else None
     if layers and (any(p != len(layers) for p in stage_counts) or min(layers) <= 0):
         raise ValueError(f"--layers {args.layers}: give one positive layer count per stage for --stages {args.stages}")

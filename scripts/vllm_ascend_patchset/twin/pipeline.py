@@ -24,6 +24,7 @@ The event log (``BatchRecord`` per batch, ``RequestLog`` per request) is everyth
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -181,6 +182,8 @@ def run_pipeline(
             next_ms = driver.next_arrival_ms()
             if next_ms is None:
                 return records
+            if not math.isfinite(next_ms):  # a clock that never reaches it would wait for ever
+                raise SchedulerStuck(f"a request arrives at {next_ms} ms; arrival times must be finite")
             clock_ms = max(clock_ms, next_ms)
             continue
         if driver.has_requests():

@@ -108,15 +108,32 @@ def read_trace(path: Path, stop: int) -> list[TraceRecord]:
     try:
         reader = _mooncake if trace_format(path) == "mooncake" else _azure
         with open(path, encoding="utf-8", newline="") as handle:
-            return reader(path, handle, stop)
+            records = reader(path, handle, stop)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--workload trace:{path}: cannot read it ({exc})") from None
+    for before, record in zip(records, records[1:], strict=False):
+        if record.timestamp_ms < before.timestamp_ms:  # prefix hits and arrivals follow the file's order
+            raise ValueError(
+                f"{path}:{record.line}: timestamp {record.timestamp_ms:g} ms is before line {before.line}'s"
+                f" {before.timestamp_ms:g}; a trace lists requests in arrival order (sort it by timestamp)"
+            )
+    return records
+
+
+def _number(value: object) -> bool:
+    """A finite int or float, not a bool (an int too large for a float is not finite)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _whole(value: object, where: str, name: str, low: int) -> int:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    ok = _number(value)
     if not ok or value != int(value) or value < low:
-        raise ValueError(f"{where}: {name} {value!r} must be a whole number >= {low}")
+        raise ValueError(f"{where}: {name} {value!r:.40} must be a whole number >= {low}")
     return int(value)
 
 
@@ -132,10 +149,13 @@ def _mooncake(path: Path, handle, stop: int) -> list[TraceRecord]:
             data = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{where}: not JSON ({exc.msg}); each line is one request object") from None
+        except (ValueError, RecursionError) as exc:  # a number of thousands of digits; nesting too deep
+            why = "a number thousands of digits long" if "digits" in str(exc) else type(exc).__name__
+            raise ValueError(f"{where}: unreadable request object ({why}); each line is one flat object") from None
         if not isinstance(data, dict) or any(key not in data for key in MOONCAKE_KEYS):
             raise ValueError(f"{where}: each line must be an object with {', '.join(MOONCAKE_KEYS)} (and hash_ids)")
         stamp = data["timestamp"]
-        if isinstance(stamp, bool) or not isinstance(stamp, int | float) or not math.isfinite(stamp) or stamp < 0:
+        if not _number(stamp) or stamp < 0:
             raise ValueError(f"{where}: timestamp {stamp!r} must be a finite number of milliseconds >= 0")
         tokens = _whole(data["input_length"], where, "input_length", 1)
         blocks = data.get("hash_ids", [])
@@ -287,6 +307,12 @@ def trace_workload(
         )
     mean_gap_ms = sum(work) / len(work) / (load * capacity) * 1000.0
     scale = mean_gap_ms * (len(kept) - 1) / span_ms if len(kept) > 1 else 1.0
+    if not (math.isfinite(scale) and math.isfinite(scale * span_ms)):
+        raise ValueError(
+            f"--workload trace:{trace.path}@{trace.start}:{trace.count} at --load {load:g}: the slice's"
+            f" {span_ms:g} ms of arrivals cannot be scaled to that load (arrivals would not be finite);"
+            " take a slice with more spread or a load nearer 1"
+        )
     first = min(stamps)
     specs = tuple(
         RequestSpec(

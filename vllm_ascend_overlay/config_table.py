@@ -25,6 +25,7 @@ one error, one line each, as ``<section>.<key>=<value>: <fix>``; a value too lon
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import os
@@ -198,6 +199,21 @@ def raise_problems(key: str, problems: list[str], error: type[Exception] = Value
         return
     text = problems[0] if len(problems) == 1 else f"{key}: {len(problems)} problems:\n  " + "\n  ".join(problems)
     raise error(text + (f"\n{footer}" if footer else ""))
+
+
+def check_section_name(additional_config: Any, key: str, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` when ``additional_config`` has no ``key`` but a key that is plainly a slip
+    of it (its stem, another case or dashes, or a near spelling): the feature would stay off
+    with no word."""
+    if not isinstance(additional_config, dict) or key in additional_config:
+        return
+    stem = key.removesuffix("_config")
+    for name in additional_config:
+        if not isinstance(name, str):
+            continue
+        flat = name.strip().lower().replace("-", "_")
+        if flat in (key, stem) or difflib.SequenceMatcher(None, flat, key).ratio() >= 0.85:
+            raise error(f"additional_config key {shown(name)} is not read: did you mean {key!r}? Rename it.")
 
 
 def parse_section(section: type[T], raw: Any, *, key: str, error: type[Exception] = ValueError) -> T:

@@ -289,3 +289,31 @@ def test_a_cache_dir_that_is_a_file_is_refused_naming_the_key_and_a_relative_one
     assert "cache_dir" in str(info.value)
     monkeypatch.chdir(tmp_path)
     assert validate({"enabled": True, "cache_dir": "ds-cache"}).cache_path == str(tmp_path / "ds-cache")
+
+
+@pytest.mark.parametrize("name", ["dual_stream", "dual_stream_cofig", "Dual-Stream-Config", "dualstream_config"])
+def test_a_slip_in_the_section_name_is_refused_not_left_off_without_a_word(name):
+    ascend, vllm_config = deployment()
+    vllm_config.additional_config = {name: {"enabled": True}, "enable_cpu_binding": True}
+    with pytest.raises(
+        ValueError, match=f"additional_config key '{name}' is not read: did you mean 'dual_stream_config'"
+    ):
+        validate_dual_stream_config(ascend, vllm_config)
+
+
+def test_other_features_keys_are_not_taken_for_slips():
+    ascend, vllm_config = deployment({"enabled": False})
+    vllm_config.additional_config.update(dump_config={}, enable_shared_expert_dp=True, weight_prefetch_config={})
+    assert not validate_dual_stream_config(ascend, vllm_config).enabled
+
+
+def test_a_default_cache_folder_that_cannot_be_made_is_refused_when_on(tmp_path, monkeypatch):
+    home = tmp_path / "home-is-a-file"
+    home.write_text("")
+    monkeypatch.setenv("HOME", str(home))  # ~/.cache/... lies under a file
+    with pytest.raises(
+        ValueError, match=r"dual_stream_config.cache_dir='~/.cache/vllm_ascend/dual_stream': \(the default\)"
+    ):
+        validate({"enabled": True})
+    assert validate({"enabled": True, "cache_dir": ""}).cache_path is None  # the way out it names
+    assert not validate({"enabled": False}).enabled  # off: nothing is kept, nothing to check

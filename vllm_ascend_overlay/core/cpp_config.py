@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_ascend.config_table import folder_path, parse_section, problem, raise_problems, setting
+from vllm_ascend.config_table import check_section_name, folder_path, parse_section, problem, raise_problems, setting
 from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS
 from vllm_ascend.log_adapter import get_logger
 
@@ -149,6 +149,7 @@ def check_cpp_setup(config: CppConfig, vllm_config: Any, *, balance_scheduling: 
 
 def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, balance_scheduling: bool) -> CppConfig:
     """AscendConfig's hook: parse and check ``additional_config["profiling_chunk_config"]``."""
+    check_section_name(additional_config, CONFIG_KEY, CppConfigError)
     config = parse_cpp_config(
         (additional_config or {}).get(CONFIG_KEY),
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm.logger import init_logger
-from vllm_ascend.config_table import parse_section, problem, raise_problems, setting
+from vllm_ascend.config_table import check_section_name, folder_path, parse_section, problem, raise_problems, setting
 from vllm_ascend.dual_stream.measured import MEASURE_FLOOR
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
@@ -43,6 +43,9 @@ logger = init_logger(__name__)
 CONFIG_KEY = "dual_stream_config"
 _warned_tp1 = False
 _warned_graph = False
+
+
+DEFAULT_CACHE_DIR = "~/.cache/vllm_ascend/dual_stream"
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class DualStreamConfig:
         high=16,
     )
     cache_dir: str | None = setting(
-        "~/.cache/vllm_ascend/dual_stream",
+        DEFAULT_CACHE_DIR,
         "where the measured gate keeps its probes across restarts; `~` is expanded and a relative path is "
         'taken from the working directory at start-up; `""` or null keeps none',
         nullable=True,
@@ -195,10 +198,17 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     additional = getattr(vllm_config, "additional_config", None)
     if not isinstance(additional, dict):  # None, or a stand-in config object in other features' tests
         additional = {}
+    check_section_name(additional, CONFIG_KEY)
     config = DualStreamConfig.from_dict(additional.get(CONFIG_KEY))
     if not config.enabled:
         return config
     problems = []
+    if config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved when parsed
+        _, fault = folder_path(DEFAULT_CACHE_DIR)
+        if fault:
+            problems.append(
+                problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, f'(the default) {fault}, or "" for none')
+            )
     parallel = vllm_config.parallel_config
     if _read_flag(parallel, "enable_dbo") or _read_flag(parallel, "ubatch_size") > 1:
         problems.append(

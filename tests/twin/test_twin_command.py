@@ -79,7 +79,9 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--tune", "--tune-base-chunks", "4096,32"], "--tune-base-chunks 32: a chunk budget must lie in"),
         (["--tune", "--tune-smooth-factors", "0.5,0"], "--tune-smooth-factors '0.5,0': give numbers in (0, 1]"),
         (["--surface", "missing.csv"], "no such file"),
-        (["--surface", "quadratic:0,0,1,0,0"], "a 1-token chunk takes 0.0 ms on it"),
+        (["--surface", "quadratic:0,0,1,0,0"], "a 1-token chunk takes 0 ms on it"),
+        (["--surface", "quadratic:5e-324,0,0,0,0"], "a 1-token chunk takes 4.94066e-324 ms on it; every batch"),
+        (["--surface", "quadratic:1e-300,0,0,0,0"], "must take at least 0.001 ms (a microsecond)"),
         (["--surface", "quadratic:nan,0,0,0,0"], "must be finite and >= 0"),
     ],
 )

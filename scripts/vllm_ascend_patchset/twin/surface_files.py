@@ -120,6 +120,9 @@ def _profile_stages(data: dict[str, Any]) -> int:
     return stages if isinstance(stages, int) and not isinstance(stages, bool) and 1 <= stages <= 4096 else 1
 
 
+MIN_BATCH_MS = 1e-3  # no forward pass is quicker than a microsecond; below it the ms arithmetic loses meaning
+
+
 def load_surface(spec: str) -> Surface:
     """A surface from ``--surface``: ``synthetic``, ``stress:<name>``, ``quadratic:C0,C1,C2,C3,C4`` (ms
     coefficients of 1, C, H, C^2, C*H), a ``.csv`` of measurements, or a profile ``.json`` saved by the
@@ -128,8 +131,11 @@ def load_surface(spec: str) -> Surface:
     time, which the twin then splits over its P stages."""
     surface = _read_surface(spec)
     first_ms = surface.time_ms(1, 0)
-    if not (math.isfinite(first_ms) and first_ms > 0):
-        raise ValueError(f"--surface {spec}: a 1-token chunk takes {first_ms} ms on it; every batch must take time")
+    if not (math.isfinite(first_ms) and first_ms >= MIN_BATCH_MS):
+        raise ValueError(
+            f"--surface {spec}: a 1-token chunk takes {first_ms:g} ms on it; every batch must take at least"
+            f" {MIN_BATCH_MS:g} ms (a microsecond)"
+        )
     return surface
 
 

@@ -308,3 +308,16 @@ def test_a_slip_in_the_section_name_is_refused_naming_the_right_one(name):
         {"dump_config": {}, "eplb_config": {}, "recompute_scheduler_enable": False}, engine(), balance_scheduling=False
     )
     assert not config.enabled
+
+
+def test_bad_values_and_an_engine_that_lacks_what_cpp_needs_are_reported_together():
+    with pytest.raises(CppConfigError) as info:
+        load({"enabled": True, "min_chunk": 0}, engine(pp=1, chunked=False), balance=True)
+    message = str(info.value)
+    assert "min_chunk=0" in message  # the value
+    for unmet in ("--pipeline-parallel-size 2", "--enable-chunked-prefill", "balance scheduling"):
+        assert unmet in message, unmet  # and, in the same error, the engine
+    # off: only the values are judged, the engine is none of its business
+    with pytest.raises(CppConfigError) as info:
+        load({"enabled": False, "min_chunk": 0}, engine(pp=1, chunked=False))
+    assert "pipeline" not in str(info.value)

@@ -126,8 +126,12 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
 
 def check_cpp_setup(config: CppConfig, vllm_config: Any, *, balance_scheduling: bool) -> None:
     """Engine-level requirements of an enabled CPP config; every unmet one is reported."""
-    if not config.enabled:
-        return
+    if config.enabled:
+        raise_problems(CONFIG_KEY, _setup_problems(vllm_config, balance_scheduling), CppConfigError)
+
+
+def _setup_problems(vllm_config: Any, balance_scheduling: bool) -> list[str]:
+    """What the engine lacks for CPP (pipeline parallelism, chunked prefill, no balance scheduling)."""
     problems = []
     pp_size = vllm_config.parallel_config.pipeline_parallel_size
     if pp_size <= 1:
@@ -144,16 +148,21 @@ def check_cpp_setup(config: CppConfig, vllm_config: Any, *, balance_scheduling: 
             f"{CONFIG_KEY}.enabled=true cannot run with balance scheduling: set enable_balance_scheduling "
             "(or VLLM_ASCEND_BALANCE_SCHEDULING) to false, or set enabled to false"
         )
-    raise_problems(CONFIG_KEY, problems, CppConfigError)
+    return problems
 
 
 def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, balance_scheduling: bool) -> CppConfig:
     """AscendConfig's hook: parse and check ``additional_config["profiling_chunk_config"]``."""
     check_section_name(additional_config, CONFIG_KEY, CppConfigError)
-    config = parse_cpp_config(
-        (additional_config or {}).get(CONFIG_KEY),
-        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-    )
+    raw = (additional_config or {}).get(CONFIG_KEY)
+    try:
+        config = parse_cpp_config(raw, max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens)
+    except CppConfigError as error:
+        # Asked for, with bad values: what the engine lacks is said too, so one restart fixes all.
+        unmet = _setup_problems(vllm_config, balance_scheduling) if isinstance(raw, dict) and raw.get("enabled") else []
+        if not unmet:
+            raise
+        raise CppConfigError(f"{error}\nWith enabled=true, the engine also lacks:\n  " + "\n  ".join(unmet)) from None
     check_cpp_setup(config, vllm_config, balance_scheduling=balance_scheduling)
     return config
 

@@ -176,14 +176,13 @@ def check_coverage(samples: list, base_chunk_tokens: int, max_history_tokens: in
     """ProfileCacheError unless a cached profile spans what the decisions read, as a fresh one
     does: chunks from one token to the base chunk, histories from none to at least
     ``CACHED_HISTORY_COVERAGE`` of the deepest this engine uses."""
-    chunks = [chunk for chunk, _, _ in samples]
-    histories = [history for _, history, _ in samples]
-    if min(chunks) > 1 or max(chunks) < base_chunk_tokens:
-        raise ProfileCacheError(f"chunks {min(chunks)}..{max(chunks)} measured, not 1..{base_chunk_tokens}")
-    if min(histories) > 0:
-        raise ProfileCacheError(f"no chunk measured without history (the shallowest is {min(histories)} tokens)")
-    if max(histories) < CACHED_HISTORY_COVERAGE * max_history_tokens:
-        deepest = max(histories)
+    smallest, largest = min(chunk for chunk, _, _ in samples), max(chunk for chunk, _, _ in samples)
+    shallowest, deepest = min(h for _, h, _ in samples), max(h for _, h, _ in samples)
+    if smallest > 1 or largest < base_chunk_tokens:
+        raise ProfileCacheError(f"chunks {smallest}..{largest} measured, not 1..{base_chunk_tokens}")
+    if shallowest > 0:
+        raise ProfileCacheError(f"no chunk measured without history (the shallowest is {shallowest} tokens)")
+    if deepest < CACHED_HISTORY_COVERAGE * max_history_tokens:
         raise ProfileCacheError(f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}")
 
 

@@ -83,7 +83,7 @@ def validate_args(args: argparse.Namespace) -> None:
         parse_chunks(args.tune_base_chunks, "--tune-base-chunks")
     if args.tune_smooth_factors is not None:
         parse_smooth_factors(args.tune_smooth_factors, "--tune-smooth-factors")
-    if not {w.strip() for w in args.policies.split(",") if w.strip()}:
+    if not policy_names(args):
         raise ValueError(f"--policies {args.policies!r}: give at least one of fixed,tuned,upstream,ours")
     for path, option in ((args.plot, "--plot"), (args.log_dir, "--log-dir")):
         if path is not None:
@@ -144,8 +144,13 @@ def cpp_options(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def policy_names(args: argparse.Namespace) -> set[str]:
+    """The names ``--policies`` gives (fixed, tuned, upstream, ours; unchecked)."""
+    return {w.strip() for w in args.policies.split(",") if w.strip()}
+
+
 def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], list[str]]:
-    wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
+    wanted = policy_names(args)
     unknown = wanted - {"fixed", "tuned", "upstream", "ours"}
     if unknown:
         raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
@@ -230,7 +235,7 @@ def _run(args: argparse.Namespace) -> int:
     surface_spec = args.surface or default_surface()
     surface = load_surface(surface_spec)
     stage_counts = parse_counts(args.stages, "--stages")
-    wanted = {w.strip() for w in args.policies.split(",")}
+    wanted = policy_names(args)
     if min(stage_counts) < 2 and wanted & {"ours", "upstream"}:
         raise ValueError(
             f"--stages {args.stages}: CPP (ours, upstream) needs pipeline parallelism, P >= 2;"
@@ -247,7 +252,6 @@ def _run(args: argparse.Namespace) -> int:
     policies, notes = comparison_policies(args)
     if not policies:
         raise ValueError(f"--policies {args.policies}: nothing to run ({'; '.join(notes)})")
-    wanted = {w.strip() for w in args.policies.split(",")}
     cases = []
     for num_stages in stage_counts:
         for workload in build_workloads(args, surface_spec, num_stages):

@@ -21,6 +21,7 @@ from vllm_ascend_patchset.hunks import git_diff
 from vllm_ascend_patchset.paths import OVERLAY_DIR, PATCH_DIR
 from vllm_ascend_patchset.port import answered_contracts, port, write_report
 from vllm_ascend_patchset.port_report import ALREADY, APPLIES, CONFLICT, REFRESHED
+from vllm_ascend_patchset.porter import Porter
 from vllm_ascend_patchset.series import SeriesError, load_overlay, load_patches
 from vllm_ascend_patchset.target_diffs import TargetDiffsError, write_target_diffs
 from vllm_ascend_patchset.targets import git_blob, load_target, with_header
@@ -271,3 +272,21 @@ def test_a_pinned_deletion_the_target_version_already_makes_is_already_there(wor
     assert ALREADY in statuses and CONFLICT not in statuses and report.ok, report.render()
     assert (world.upstream / INIT).read_text() == ported
     assert f"Ported-From: {NAME} {git_blob(world.patches / NAME)}" in report.refreshed[world.folder / NAME]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (PATCH_DIR / "targets").iterdir() if p.is_dir()))
+def test_every_committed_target_still_merges_with_the_overlay_and_the_pinned_patches(name):
+    """The repo's own targets: their overlay patches merge into the overlay as it is now, and every
+    version a target patch records is in the history, so ``make diffs TARGET=...`` can refresh them.
+
+    An overlay change that the target's version also changes (a conflict) fails here, on any
+    machine, rather than only when a maintainer next ports to that upstream."""
+    target = load_target(name)
+    for step in target.steps:
+        if step.ported_from is not None:
+            assert git(PATCH_DIR.parent, "cat-file", "-t", step.ported_from).strip() == "blob", step.patch.name
+    porter = Porter(lambda path: None, PATCH_DIR, "pin")
+    porter.overlay(load_overlay(), target.overlay_patches)
+    assert target.overlay_patches and porter.hunks
+    conflicts = [f"{h.patch} {h.path}: {h.detail}" for h in porter.hunks if h.status == CONFLICT]
+    assert not conflicts, "refresh the target (patches/README.md):\n" + "\n".join(conflicts)

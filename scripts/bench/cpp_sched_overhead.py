@@ -8,7 +8,9 @@ prompts arriving, runs through each in lock-step; the script prints the mean tim
 ``schedule()`` + ``update_from_output()`` per step and the ratio. It asserts nothing.
 With ``--burst N`` the prompts come N at a time (of 6000, 3000, 2000, ... tokens), so
 steps hold several prefills and the response-ratio allotment (with its prefix-cache
-lookups) runs, which one prompt at a time never needs.
+lookups) runs, which one prompt at a time never needs. A fourth scheduler, upstream's loop
+replaying CPP's batches (``replay_class``), separates what CPP's decisions cost from what
+vLLM's loop costs for the batches they make.
 
     make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300] [--burst 1]
 """
@@ -35,14 +37,44 @@ def _setup() -> None:
     install_npu_stubs()
 
 
-def run_side_by_side(schedulers, helpers, args) -> list[float]:
+def replay_class(balance_cls: type) -> type:
+    """Upstream's loop whose hooks only replay the batches another scheduler made.
+
+    ``replay`` is that scheduler's ``num_scheduled_tokens`` of the same step: each request
+    gets what it got there, and a waiting request it did not admit is passed over. So this
+    scheduler does vLLM's work for CPP's batches (as many prefill steps, the same chunks)
+    with next to no decision cost of its own: CPP's time over it is what CPP's decisions cost.
+    """
+
+    class Replay(balance_cls):
+        uses_schedule_hooks = True
+        replay: dict[str, int] | None = None  # None: identity hooks (before timing starts)
+        differed = 0  # timed steps whose batch was not the one replayed
+
+        def cap_running_tokens(self, request, num_new_tokens):
+            if self.replay is None:
+                return num_new_tokens
+            return min(num_new_tokens, self.replay.get(request.request_id, 0))
+
+        def cap_waiting_tokens(self, request, history_tokens, num_new_tokens):
+            if self.replay is None:
+                return num_new_tokens
+            return min(num_new_tokens, self.replay[request.request_id]) if request.request_id in self.replay else -1
+
+    return Replay
+
+
+def run_side_by_side(schedulers, helpers, args, replayed=None) -> list[float]:
     """Mean microseconds of schedule() + update_from_output() per step, the schedulers taking turns.
 
     Each scheduler runs ``args.block`` steps in turn (one step each with ``--block 1``), so
     a change of machine load falls on all of them alike, while each keeps its data in the
     CPU's caches for a block of steps, as a server's only scheduler does. Timing starts once
-    every decoder's prompt has been admitted.
+    every decoder's prompt has been admitted. ``replayed``: (index of a scheduler whose
+    batches are recorded, index of a ``replay_class`` scheduler that runs them after it).
     """
+    source, replay = replayed if replayed is not None else (None, None)
+    batches: dict[int, dict[str, int]] = {}
     for scheduler in schedulers:
         for i in range(args.decodes):
             prompt = list(range(1 + 100 * i, 65 + 100 * i))
@@ -61,10 +93,16 @@ def run_side_by_side(schedulers, helpers, args) -> list[float]:
                         start_id = 10**6 + 10_000 * (step * args.burst + k)
                         prompt = list(range(start_id, start_id + 6000 // (k + 1)))
                         scheduler.add_request(helpers.make_request(f"long{step}-{k}", prompt, max_tokens=1))
+                if index == replay:
+                    scheduler.replay = batches.pop(step)
                 start = time.perf_counter()
                 out = scheduler.schedule()
                 scheduler.update_from_output(out, helpers.model_output(scheduler, out))
                 elapsed[index] += time.perf_counter() - start
+                if index == source:
+                    batches[step] = dict(out.num_scheduled_tokens)
+                elif index == replay:
+                    scheduler.differed += scheduler.replay != out.num_scheduled_tokens
     return [total / args.steps * 1e6 for total in elapsed]
 
 
@@ -99,13 +137,19 @@ def main() -> int:
         **common,
     )
     cpp.run_profiling_chunk_init(FakeExecutor())
-    fixed_us, identity_us, cpp_us = run_side_by_side((fixed, identity, cpp), helpers, args)
+    same_batches = helpers.make_scheduler(replay_class(balance_cls), **common)
+    schedulers = (fixed, identity, cpp, same_batches)
+    fixed_us, identity_us, cpp_us, same_us = run_side_by_side(schedulers, helpers, args, replayed=(2, 3))
     prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
     print(f"{args.decodes} decoding requests, {prompts} every 20 steps, {args.steps} steps")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
     print(f"CPP, upstream's loop:             {cpp_us:8.1f} us per step   ratio {cpp_us / fixed_us:.2f}")
+    print(f"upstream's loop, CPP's batches:   {same_us:8.1f} us per step   ratio {same_us / fixed_us:.2f}")
+    if same_batches.differed:
+        print(f"  (its batch differed from CPP's in {same_batches.differed} of {args.steps} steps)")
     print(f"CPP over upstream's loop with identity hooks: {cpp_us / identity_us:.3f}")
+    print(f"CPP over upstream's loop making the same batches (the decisions' cost): {cpp_us / same_us:.3f}")
     return 0
 
 

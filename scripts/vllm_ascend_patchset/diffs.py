@@ -56,7 +56,12 @@ def _docstring_summary(path: Path) -> tuple[str, str]:
     paras = [p.strip() for p in doc.split("\n\n") if p.strip()]
     if not paras:
         return "", ""
-    return " ".join(paras[0].split()), "\n\n".join(paras[1:2])
+    # The second paragraph says what the module does; one that ends in a colon leads into what
+    # follows it (a list), so that goes too: a body never stops mid-thought.
+    end = 2
+    while end < len(paras) and paras[end - 1].endswith(":"):
+        end += 1
+    return " ".join(paras[0].split()), "\n\n".join(paras[1:end])
 
 
 def overlay_mail(entry: OverlayFile, assembly: Assembly, date: str) -> Mail:
@@ -93,7 +98,7 @@ def _render(mail: Mail, n: int, total: int) -> str:
         f"Date: {format_datetime(when)}\n"
         f"Subject: [PATCH {n}/{total}] {mail.feature}: {mail.subject}\n\n"
         + (f"{body}\n\n" if body else "")
-        + f"Signed-off-by: {mail.author}\n---\n{mail.diff}"
+        + f"---\n{mail.diff}"
         + ("" if mail.diff.endswith("\n") else "\n")
         + "-- \nvllm-ascend patch set\n\n"
     )
@@ -231,12 +236,15 @@ def _merge(changes: Sequence[Change]) -> Mail:
             verb = "replace" if change.before[path] is not None else "add"
             modules[verb].append(path.rsplit("/", 1)[-1].removesuffix(".py"))
     parts = [f"{verb} {_and(names)}" for verb, names in modules.items() if names]
-    parts += [c.mail.subject[:1].lower() + c.mail.subject[1:] for c in changes if not c.overlay]
-    subject = "; ".join(parts)
+    # The purpose is the patch's (the hook the modules serve); without one, the modules are.
+    patched = [c.mail.subject for c in changes if not c.overlay]
+    subject = patched[0] if patched else "; ".join(parts)
     subject = subject[:1].upper() + subject[1:]
     intro = (
         "These changes need each other (one imports what another adds, or a replaced module would break the"
-        " upstream code that another one changes), so they land in one commit and every commit works."
+        " upstream code that another one changes), so they land in one commit and every commit works: "
+        + "; ".join(parts + [s[:1].lower() + s[1:] for s in patched[1:]])
+        + "."
     )
     body = "\n\n".join([intro] + [f"{m.subject}." + (f" {m.body}" if m.body else "") for m in mails])
     first = mails[0]

@@ -215,6 +215,21 @@ def _grouping_assembly(tmp_path: Path, overlay: dict[str, tuple[str, str, str]])
     return assemble(wheel=wheel, out_dir=tmp_path / "t", patch_dir=patches, overlay_dir=overlay_dir)
 
 
+def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path):
+    """A body never stops at a colon (the list it announces goes with it), and no mail carries a
+    Signed-off-by: only the person who submits can certify the DCO (git am --signoff)."""
+    cut = [
+        f"{feature}: {mail.subject}"
+        for feature, mails in series_by_feature(assembly).items()
+        for mail in mails
+        if mail.body.rstrip().endswith(":")
+    ]
+    assert not cut, f"bodies that end mid-thought: {cut}"
+    written = write_diffs(assembly, tmp_path / "upstream")
+    texts = [path.read_text() for paths in written.values() for path in paths]
+    assert texts and not [t for t in texts if "Signed-off-by:" in t.split("\n---\n", 1)[0]]
+
+
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):
     series = series_by_feature(_grouping_assembly(tmp_path, OVERLAY))
     # The replaced predictor breaks upstream's scheduler (predict() is gone), the new scheduler

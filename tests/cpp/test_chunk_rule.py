@@ -234,6 +234,7 @@ def test_charge_then_refund_returns_the_step_time_to_where_it_was(step, data):
             budget.refund(f"prefill-{index}")
             assert budget.used_ms == pytest.approx(before_ms, rel=1e-9, abs=1e-9 * before_ms)
     assert budget.used_ms == pytest.approx(rule.model.batch_time_ms(budget.pairs()), rel=1e-9)
+    assert budget.charged_tokens == sum(chunk for chunk, _ in budget.pairs())
 
 
 @PROPERTIES
@@ -246,6 +247,7 @@ def test_settling_keeps_exactly_the_scheduled_requests(step, data):
     scheduled = {r: everything[r][0] for r in everything if data.draw(st.booleans(), label=r)}
     budget.settle(scheduled)
     assert set(budget.charged) == set(scheduled)
+    assert budget.charged_tokens == sum(scheduled.values())
     assert budget.used_ms == pytest.approx(rule.model.batch_time_ms(budget.pairs()), rel=1e-9, abs=1e-12)
     assert budget.predicted_ms() == pytest.approx(budget.used_ms, rel=1e-9, abs=1e-12)
 

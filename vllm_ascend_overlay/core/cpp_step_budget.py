@@ -61,6 +61,7 @@ class StepBudget:
         self.charged_ms = extra_fixed_ms  # charged requests only
         # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
         self.charged: dict[str, tuple[int, int, float]] = {}
+        self.charged_tokens = 0  # tokens of every charged request, reserved decodes included
         self.prefills: set[str] = set()
         self.prefill_tokens = 0  # tokens charged to prefills in this step
         self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
@@ -76,10 +77,11 @@ class StepBudget:
         request_ids, new_tokens, histories = zip(*decodes, strict=True)
         if len(decodes) >= _VECTOR_DECODES and max(new_tokens) == 1:
             # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
-            costs = model.decode_ms_many(np.fromiter(histories, np.float64, len(histories))).tolist()
+            costs = model.decode_ms_many(np.array(histories, dtype=np.float64)).tolist()
         else:
             costs = [model.request_ms(n, h) for n, h in zip(new_tokens, histories, strict=True)]
         self.charged.update(zip(request_ids, zip(new_tokens, histories, costs, strict=True), strict=True))
+        self.charged_tokens += sum(new_tokens)
         total_ms = sum(costs)
         self.used_ms += total_ms
         self.charged_ms += total_ms
@@ -111,7 +113,7 @@ class StepBudget:
         first, alone = not self.prefills, not self.charged
         tokens_per_s = self.rule.base_tokens_per_s
         step_s = self.plan.target_ms / 1000.0
-        tokens_left = step_tokens - sum(charged[0] for charged in self.charged.values())
+        tokens_left = step_tokens - self.charged_tokens
 
         def ratio_order(prefill: tuple[str, int, int, float]) -> tuple[float, int]:
             # Counted at the end of this step, as if it waited through it: among ones that have
@@ -217,6 +219,7 @@ class StepBudget:
                 return
             self.used_ms -= previous[2]
             self.charged_ms -= previous[2]
+            self.charged_tokens -= previous[0]
             if prefill:
                 self.prefill_tokens -= previous[0]
         else:
@@ -227,6 +230,7 @@ class StepBudget:
         self.used_ms += cost_ms
         self.charged_ms += cost_ms
         self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
+        self.charged_tokens += new_tokens
 
     def refund(self, request_id: str) -> None:
         """A request charged (or reserved) in this step leaves it: preempted within the step."""
@@ -234,6 +238,7 @@ class StepBudget:
         if charged is not None:
             self.used_ms -= charged[2]
             self.charged_ms -= charged[2]
+            self.charged_tokens -= charged[0]
             if request_id in self.prefills:
                 self.prefill_tokens -= charged[0]
         self.prefills.discard(request_id)

@@ -56,10 +56,10 @@ class PrefixHits:
 
     def step(self) -> None:
         """A step starts; a new round forgets the hits."""
-        self._steps += 1
-        if self._steps >= self.round_steps:
+        if self._steps == self.round_steps:
             self._steps = 0
             self._hits.clear()
+        self._steps += 1
 
     def tokens(self, scheduler: Any, request: Any) -> int:
         hit = self._hits.get(request.request_id)

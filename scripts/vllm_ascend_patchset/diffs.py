@@ -200,7 +200,7 @@ def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]
                     f"{changes[i].name} ({changes[i].feature}) needs {changes[j].name} ({changes[j].feature}), whose "
                     f"series is applied later (order: {', '.join(FEATURES)}); move one of them to the other feature"
                 )
-    return {i: {j for j in wanted if changes[j].feature == changes[i].feature} for i, wanted in needs.items()}
+    return needs
 
 
 def commit_groups(needs: dict[int, set[int]]) -> list[list[int]]:
@@ -258,32 +258,57 @@ def _and(names: Sequence[str]) -> str:
 
 
 def series_by_feature(assembly: Assembly) -> dict[str, list[Mail]]:
+    return _series(assembly)[0]
+
+
+def _series(assembly: Assembly) -> tuple[dict[str, list[Mail]], dict[str, dict[str, set[str]]]]:
+    """The mails per feature, and per feature what it needs of earlier features' series
+    (feature -> earlier feature -> the changes, by overlay path or patch name)."""
     last_update = max((p.header.get("Last-Update", "") for p in assembly.patches), default="") or "2026-01-01"
     changes = _changes(assembly, last_update)
     needs = _needs(changes, assembly)
     out: dict[str, list[Mail]] = {}
+    earlier: dict[str, dict[str, set[str]]] = {}
     for feature in FEATURES:
         members = [i for i, c in enumerate(changes) if c.feature == feature]
-        local = {i: needs[i] for i in members}
+        local = {i: {j for j in needs[i] if changes[j].feature == feature} for i in members}
         mails = [_merge([changes[i] for i in group]) for group in commit_groups(local)]
         if mails:
             out[feature] = mails
-    return out
+        for j in {j for i in members for j in needs[i] if changes[j].feature != feature}:
+            earlier.setdefault(feature, {}).setdefault(changes[j].feature, set()).add(changes[j].name)
+    return out, earlier
 
 
-def write_diffs(assembly: Assembly, out_dir: Path = UPSTREAM_DIR) -> dict[str, list[Path]]:
+def write_diffs(
+    assembly: Assembly, out_dir: Path = UPSTREAM_DIR, upstream: str = "vllm-ascend at the pinned tag"
+) -> dict[str, list[Path]]:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     written: dict[str, list[Path]] = {}
-    for feature, mails in series_by_feature(assembly).items():
+    series, earlier = _series(assembly)
+    for feature, mails in series.items():
         folder = out_dir / feature
         folder.mkdir(parents=True)
         for n, mail in enumerate(mails, 1):
             path = folder / f"{n:04d}-{mail.slug}.patch"
             path.write_text(_render(mail, n, len(mails)))
             written.setdefault(feature, []).append(path)
+    needed = [
+        f"{f} needs "
+        + _and(
+            [
+                f"{g} ({', '.join(sorted(names))})"
+                for g, names in sorted(earlier[f].items(), key=lambda item: FEATURES.index(item[0]))
+            ]
+        )
+        + "\n"
+        for f in written
+        if earlier.get(f)
+    ]
     (out_dir / "ORDER").write_text(
-        "Apply the series in this order on vllm-ascend at the pinned tag (git am DIR/*.patch):\n"
+        f"Apply the series in this order on {upstream} (git am DIR/*.patch):\n"
         + "".join(f"{f}\n" for f in written)
+        + ("\nA series alone does not work where it needs an earlier one:\n" + "".join(needed) if needed else "")
     )
     return written

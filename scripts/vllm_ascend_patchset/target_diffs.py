@@ -132,11 +132,7 @@ def write_target_diffs(
             patches=tuple(patches),
             overlay=tuple(entries),
         )
-        written = write_diffs(assembly, out_dir)
-        (out_dir / "ORDER").write_text(
-            f"Apply the series in this order on {target.repository} {target.ref} at {target.commit} "
-            "(git am DIR/*.patch):\n" + "".join(f"{feature}\n" for feature in written)
-        )
+        written = write_diffs(assembly, out_dir, f"{target.repository} {target.ref} at {target.commit}")
         _replay(written, target_tree, ported)
     refreshed = []
     for path, text in report.refreshed.items():

@@ -130,7 +130,7 @@ def _replacements_before_their_importers(commits: list[dict], assembly) -> list[
 
 def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembly, tmp_path, monkeypatch):
     written = write_diffs(assembly, tmp_path / "upstream")
-    order = (tmp_path / "upstream" / "ORDER").read_text().splitlines()[1:]
+    order = (tmp_path / "upstream" / "ORDER").read_text().split("\n\n")[0].splitlines()[1:]
     assert order == list(written) and written, "every feature's series, in the order ORDER names"
     files = {
         p.relative_to(assembly.pristine).as_posix(): p.read_bytes()
@@ -228,6 +228,9 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
     written = write_diffs(assembly, tmp_path / "upstream")
     texts = [path.read_text() for paths in written.values() for path in paths]
     assert texts and not [t for t in texts if "Signed-off-by:" in t.split("\n---\n", 1)[0]]
+    # ORDER says what a series needs of an earlier one (dual stream's cache keys are CPP's fingerprint).
+    needs = {line.split(" needs ")[0]: line for line in (tmp_path / "upstream" / "ORDER").read_text().splitlines()}
+    assert "core/cpp_profile_store.py" in needs["dual-stream"] and "hooks" not in needs["dual-stream"]
 
 
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):

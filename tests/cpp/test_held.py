@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape
+from vllm_ascend.core.cpp_held import allotment_candidates, plan_shape
 
 
 class Coordinator:
@@ -35,26 +35,20 @@ def _request(request_id: str, num_tokens: int, arrival_time: float = 0.0, comput
     )
 
 
-def test_a_waiting_prompts_hit_is_looked_up_once_per_pipeline_round():
+def test_waiting_prompts_are_allotted_from_their_prefix_hit_as_it_is_now():
     waiting = [_request("a", 6000), _request("b", 3000)]
     scheduler, cache = _scheduler(1024, waiting)
-    hits = PrefixHits(round_steps=4)
     running = [_request("r", 8000, computed=2000)]
-    for step in range(4):
-        hits.step()
-        prefills = allotment_candidates(scheduler, running, 8, now_s=1.0, hits=hits)
-        assert [p[:3] for p in prefills] == [("r", 2000, 6000), ("a", 1024, 4976), ("b", 1024, 1976)]
-        if step == 0:
-            cache.hit_tokens = 2048  # another prompt cached more of theirs within the round
-    assert cache.lookups == 2  # in the round's first step only
-    hits.step()  # a new round: looked up again, and the new hit is seen
-    prefills = allotment_candidates(scheduler, running, 8, now_s=1.0, hits=hits)
-    assert cache.lookups == 4 and prefills[1][1] == 2048
+    prefills = allotment_candidates(scheduler, running, 8, now_s=1.0)
+    assert [p[:3] for p in prefills] == [("r", 2000, 6000), ("a", 1024, 4976), ("b", 1024, 1976)]
+    cache.hit_tokens = 2048  # another prompt cached more of theirs: the next step sees it
+    assert allotment_candidates(scheduler, running, 1, now_s=1.0)[1][:3] == ("a", 2048, 3952)
+    assert cache.lookups == 3
 
 
 def test_one_prefill_alone_needs_no_allotment_and_no_lookup():
     scheduler, cache = _scheduler(1024, [_request("a", 6000)])
-    assert allotment_candidates(scheduler, [], 8, now_s=1.0, hits=PrefixHits(2)) == []
+    assert allotment_candidates(scheduler, [], 8, now_s=1.0) == []
     assert cache.lookups == 0
 
 

@@ -7,9 +7,7 @@ see the same thing:
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
-  prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
-  keeps each one for a pipeline round, so a long prompt's lookup (one hash per block) is
-  not made again every step it waits;
+  prefix-cache hit (a lookup as admission makes it; nothing is held);
 - ``allotment_candidates``: the running prefills and the first waiting requests as
   (request, history, remaining, waited), for ``StepBudget.allot``.
 
@@ -24,7 +22,7 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PrefixHits", "allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
+__all__ = ["allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
 
 
 def waiting_in_order(scheduler: Any) -> Iterator[Any]:
@@ -40,36 +38,8 @@ def prefix_hit_tokens(scheduler: Any, request: Any) -> int:
     return int(manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
 
 
-class PrefixHits:
-    """The prefix-cache hits of waiting prompts, each looked up once per ``round_steps`` steps.
-
-    The plan and the step's allotment size a waiting prompt from where admission will start
-    it; admission itself looks the hit up again, so a hit that changed within the round
-    (another prompt cached or freed blocks) only shifts how the allotment sized the prompt,
-    never what vLLM admits.
-    """
-
-    def __init__(self, round_steps: int) -> None:
-        self.round_steps = max(1, round_steps)
-        self._hits: dict[str, int] = {}
-        self._steps = 0
-
-    def step(self) -> None:
-        """A step starts; a new round forgets the hits."""
-        if self._steps == self.round_steps:
-            self._steps = 0
-            self._hits.clear()
-        self._steps += 1
-
-    def tokens(self, scheduler: Any, request: Any) -> int:
-        hit = self._hits.get(request.request_id)
-        if hit is None:
-            hit = self._hits[request.request_id] = prefix_hit_tokens(scheduler, request)
-        return hit
-
-
 def allotment_candidates(
-    scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float, hits: PrefixHits
+    scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float
 ) -> list[tuple[str, int, int, float]]:
     """(request, history_tokens, remaining_tokens, waited_s) of the running prefills and the first
     ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty when there is
@@ -82,7 +52,7 @@ def allotment_candidates(
         for r in running_prefills
     ]
     for request in waiting:
-        history_tokens = hits.tokens(scheduler, request)
+        history_tokens = prefix_hit_tokens(scheduler, request)
         remaining_tokens = request.num_tokens - history_tokens
         prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time))
     return prefills

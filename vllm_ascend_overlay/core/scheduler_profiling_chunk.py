@@ -50,7 +50,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
-from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape, waiting_in_order
+from vllm_ascend.core.cpp_held import allotment_candidates, plan_shape, prefix_hit_tokens, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profile_store import fingerprint_for
@@ -83,7 +83,6 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_plan_key: tuple | None = None  # the held prefills (ids) and any decodes the plan saw ...
         self._cpp_plan_shape: tuple | None = None  # ... and their sizes, within a factor of sqrt(2)
         self._cpp_steps_since_plan = 0
-        self._cpp_hits = PrefixHits(self.parallel_config.pipeline_parallel_size)  # waiting prompts' cache hits
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
@@ -201,7 +200,6 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget = self.cpp_policy.budget
         budget.start()
-        self._cpp_hits.step()
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
         # decodes only: nothing to size, and the per-request bookkeeping is skipped.
@@ -232,7 +230,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
         """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
-        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock(), self._cpp_hits)
+        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
         if prefills:
             threshold = self.scheduler_config.long_prefill_token_threshold
             budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf)
@@ -255,7 +253,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         for index, request in enumerate([*running_prefills, *waiting]):
             history_tokens = request.num_computed_tokens
             if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
-                history_tokens = self._cpp_hits.tokens(self, request)
+                history_tokens = prefix_hit_tokens(self, request)
             remaining_tokens = request.num_tokens - history_tokens
             if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):  # sizes with their cache hits out
                 self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)

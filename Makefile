@@ -37,6 +37,7 @@ test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled t
 	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/)
+	@test -z "$(UPSTREAM_SRC)" || test -n "$(TARGET)" || { echo "make diffs: UPSTREAM_SRC is read only with TARGET=<name> (patches/targets/); without it the series is for the pinned release and needs no checkout" >&2; exit 2; }
 	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)")
 
 config-docs: venv ## rewrite the config tables of docs/cpp.md and docs/dual-stream.md from the code
@@ -48,7 +49,7 @@ check-pin:        ## does the series apply to another release? make check-pin VE
 
 port:             ## merge the series into a vllm-ascend git checkout and report: make port UPSTREAM_SRC=path [DRY_RUN=1]
 	@test -n "$(UPSTREAM_SRC)" || { echo "usage: make port UPSTREAM_SRC=<vllm-ascend git checkout> [DRY_RUN=1]" >&2; exit 2; }
-	$(TOOL) port "$(UPSTREAM_SRC)" $(TARGET_ARGS) $(if $(TARGET),--target $(TARGET)) $(if $(DRY_RUN),--dry-run)
+	$(TOOL) port "$(UPSTREAM_SRC)" $(TARGET_ARGS) $(if $(TARGET),--target $(TARGET)) $(if $(filter-out 0 no false,$(DRY_RUN)),--dry-run)
 
 bench: venv assemble  ## CPP twin: vLLM fixed, tuned fixed, upstream CPP, ours and the optimum on both surfaces
 	for surface in tests/data/cpu_surface.csv synthetic; do \

@@ -43,7 +43,8 @@ def cmd_diffs(args: argparse.Namespace) -> int:
 
     if args.target:
         return _target_diffs(args)
-    written = write_diffs(assemble(_target(args)))
+    pin = Pin.load()
+    written = write_diffs(assemble(_target(args)), upstream=f"vllm-ascend {pin.git_tag} (commit {pin.git_commit})")
     for feature, paths in written.items():
         print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
     return 0

@@ -169,8 +169,15 @@ def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]
     rank = {feature: n for n, feature in enumerate(FEATURES)}
     needs: dict[int, set[int]] = {i: set() for i in range(len(changes))}
 
+    def is_module(dotted: str) -> bool:
+        path = assembly.root / dotted.replace(".", "/")
+        return dotted in owners or path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
     def owners_of(target: str, names: tuple[str, ...]) -> list[tuple[int, str]]:
-        return [owner for t in (target, *(f"{target}.{n}" for n in names)) for owner in owners.get(t, ())]
+        # ``from package import submodule`` needs the submodule, not what changed the package's __init__.
+        needs_target = not names or not all(is_module(f"{target}.{n}") for n in names)
+        modules = ((target,) if needs_target else ()) + tuple(f"{target}.{n}" for n in names)
+        return [owner for t in modules for owner in owners.get(t, ())]
 
     for i, change in enumerate(changes):
         for path, new in change.after.items():
@@ -261,28 +268,32 @@ def series_by_feature(assembly: Assembly) -> dict[str, list[Mail]]:
     return _series(assembly)[0]
 
 
-def _series(assembly: Assembly) -> tuple[dict[str, list[Mail]], dict[str, dict[str, set[str]]]]:
+def _series(assembly: Assembly) -> tuple[dict[str, list[Mail]], dict[str, dict[str, set[int]]]]:
     """The mails per feature, and per feature what it needs of earlier features' series
-    (feature -> earlier feature -> the changes, by overlay path or patch name)."""
+    (feature -> earlier feature -> numbers of the mails in that series, from 1)."""
     last_update = max((p.header.get("Last-Update", "") for p in assembly.patches), default="") or "2026-01-01"
     changes = _changes(assembly, last_update)
     needs = _needs(changes, assembly)
     out: dict[str, list[Mail]] = {}
-    earlier: dict[str, dict[str, set[str]]] = {}
+    mail_number: dict[int, int] = {}  # change -> its mail's number in its feature's series
+    earlier: dict[str, dict[str, set[int]]] = {}
     for feature in FEATURES:
         members = [i for i, c in enumerate(changes) if c.feature == feature]
         local = {i: {j for j in needs[i] if changes[j].feature == feature} for i in members}
-        mails = [_merge([changes[i] for i in group]) for group in commit_groups(local)]
+        groups = commit_groups(local)
+        mail_number.update({i: n for n, group in enumerate(groups, 1) for i in group})
+        mails = [_merge([changes[i] for i in group]) for group in groups]
         if mails:
             out[feature] = mails
         for j in {j for i in members for j in needs[i] if changes[j].feature != feature}:
-            earlier.setdefault(feature, {}).setdefault(changes[j].feature, set()).add(changes[j].name)
+            earlier.setdefault(feature, {}).setdefault(changes[j].feature, set()).add(mail_number[j])
     return out, earlier
 
 
 def write_diffs(
     assembly: Assembly, out_dir: Path = UPSTREAM_DIR, upstream: str = "vllm-ascend at the pinned tag"
 ) -> dict[str, list[Path]]:
+    """The mails under ``out_dir/<feature>/`` and ``out_dir/ORDER``; ``upstream`` names what they apply to."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     written: dict[str, list[Path]] = {}
@@ -298,8 +309,8 @@ def write_diffs(
         f"{f} needs "
         + _and(
             [
-                f"{g} ({', '.join(sorted(names))})"
-                for g, names in sorted(earlier[f].items(), key=lambda item: FEATURES.index(item[0]))
+                f"{g} ({', '.join(written[g][n - 1].name for n in sorted(numbers))})"
+                for g, numbers in sorted(earlier[f].items(), key=lambda item: FEATURES.index(item[0]))
             ]
         )
         + "\n"
@@ -307,7 +318,7 @@ def write_diffs(
         if earlier.get(f)
     ]
     (out_dir / "ORDER").write_text(
-        f"Apply the series in this order on {upstream} (git am DIR/*.patch):\n"
+        f"Apply the series in this order on {upstream}, with git am --signoff DIR/*.patch:\n"
         + "".join(f"{f}\n" for f in written)
         + ("\nA series alone does not work where it needs an earlier one:\n" + "".join(needed) if needed else "")
     )

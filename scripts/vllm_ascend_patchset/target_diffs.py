@@ -64,7 +64,20 @@ def _snapshot(upstream_src: Path, commit: str, dest: Path) -> None:
     by what each change imports (``diffs``), and whether an imported name is a submodule is
     read from the files of the tree.
     """
-    check = subprocess.run(["git", "-C", str(upstream_src), "cat-file", "-e", f"{commit}^{{commit}}"])
+    if not upstream_src.is_dir():
+        raise TargetDiffsError(f"UPSTREAM_SRC {upstream_src}: not a directory; give a vllm-ascend git checkout")
+    top = subprocess.run(
+        ["git", "-C", str(upstream_src), "rev-parse", "--show-toplevel"], capture_output=True, text=True
+    )
+    if top.returncode != 0:
+        raise TargetDiffsError(f"UPSTREAM_SRC {upstream_src}: not a git checkout; give a vllm-ascend git checkout")
+    if Path(top.stdout.strip()).resolve() != upstream_src.resolve():
+        raise TargetDiffsError(
+            f"UPSTREAM_SRC {upstream_src}: a folder inside a checkout; give its top level, {top.stdout.strip()}"
+        )
+    check = subprocess.run(
+        ["git", "-C", str(upstream_src), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    )
     if check.returncode != 0:
         raise TargetDiffsError(
             f"commit {commit} is not in {upstream_src}; fetch the target's ref there (git fetch origin) and run again"

@@ -169,6 +169,21 @@ def test_a_pinned_change_to_the_lines_the_target_rewrote_is_a_conflict_and_nothi
     assert (world.folder / NAME).read_text() == before and not (tmp_path / "d").exists()
 
 
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [("missing", "not a directory"), ("plain", "not a git checkout"), ("inside", "a folder inside a checkout")],
+)
+def test_a_wrong_upstream_src_is_named_with_the_fix(world, tmp_path, where, says):
+    """A mistyped UPSTREAM_SRC says what is wrong with it, not git's error and advice for another mistake."""
+    (tmp_path / "plain").mkdir()
+    src = {"missing": tmp_path / "missing", "plain": tmp_path / "plain", "inside": world.upstream / "vllm_ascend"}
+    with pytest.raises(TargetDiffsError, match=says):
+        write_target_diffs(
+            world.target(), src[where], pristine_pkg=world.pristine, pin_name="v0.23.0", out_dir=tmp_path / "d"
+        )
+    assert not (tmp_path / "d").exists()
+
+
 def _overlay_patch(world: World, tmp_path: Path) -> tuple[Path, Path, str, str]:
     """A target patch on a copy of the overlay's patchset.py: (overlay copy, module, its text, the added line)."""
     overlay = tmp_path / "overlay"

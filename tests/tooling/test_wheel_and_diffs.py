@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import zipfile
 from pathlib import Path
 
@@ -230,7 +231,12 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
     assert texts and not [t for t in texts if "Signed-off-by:" in t.split("\n---\n", 1)[0]]
     # ORDER says what a series needs of an earlier one (dual stream's cache keys are CPP's fingerprint).
     needs = {line.split(" needs ")[0]: line for line in (tmp_path / "upstream" / "ORDER").read_text().splitlines()}
-    assert "core/cpp_profile_store.py" in needs["dual-stream"] and "hooks" not in needs["dual-stream"]
+    assert "-core-cpp_profile_store.patch" in needs["dual-stream"] and "hooks" not in needs["dual-stream"]
+    # Named by the mails' files; ``from vllm_ascend import patchset`` needs patchset.py, not the build
+    # patch that changes vllm_ascend/__init__.py.
+    mails = {p.name for paths in written.values() for p in paths}
+    named = set(re.findall(r"\d{4}-[\w.-]+\.patch", "".join(needs.values())))
+    assert named and named <= mails and "log-patchset-at-registration" not in needs["cpp"]
 
 
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):

@@ -1,7 +1,9 @@
 """Dynamic chunked pipeline parallelism (CPP): the public entry point at upstream's path.
 
-The pieces live in one module per concept; this module re-exports them so that code
-importing upstream's ``vllm_ascend.core.profiling_chunk_predictor`` finds CPP here:
+The pieces live in one module per concept; this module re-exports them at upstream's
+module path, ``vllm_ascend.core.profiling_chunk_predictor``. Upstream's own classes here
+(``ChunkSizePredictor``, ``ProfilingChunkManager``) are gone: the measured latency model
+and the planner replace them, and code that imported them must move to these names:
 
 - core/cpp_samples.py: what a profile sample is, and its one check;
 - core/cpp_latency_model.py: the measured latency model t(C, H);

@@ -116,9 +116,32 @@ class Change:
     mail: Mail
 
 
+def forwarded(patch: Patch) -> bool:
+    """Whether a patch goes upstream: not one whose header says ``Forwarded: not-needed``."""
+    return patch.header.get("Forwarded", "").strip() != "not-needed"
+
+
+def left_out(assembly: Assembly) -> set[str]:
+    """Repo paths only the patch set's own changes touch (``Forwarded: not-needed`` patches and
+    ``not-forwarded`` overlay files): the mails leave them as upstream has them.
+
+    A file that one of those and a forwarded patch both change would leave the mails' tree
+    neither upstream's nor ours, so that is an error."""
+    own = {e.repo_path for e in assembly.overlay if not e.forwarded}
+    own |= {f for p in assembly.patches if not forwarded(p) for f in p.files}
+    shared = own & {f for p in assembly.patches if forwarded(p) for f in p.files}
+    if shared:
+        raise SeriesError(
+            f"{', '.join(sorted(shared))}: changed by a forwarded patch and by the patch set's own "
+            "(Forwarded: not-needed or not-forwarded); move the change to one side"
+        )
+    return own
+
+
 def _changes(assembly: Assembly, date: str) -> list[Change]:
-    """The overlay files, then the patches in series order, each patch seeing the files as the patches
-    before it left them."""
+    """The forwarded overlay files, then the forwarded patches in series order, each patch seeing
+    the files as the patches before it left them."""
+    own = left_out(assembly)
     out = [
         Change(
             e.relpath,
@@ -129,9 +152,12 @@ def _changes(assembly: Assembly, date: str) -> list[Change]:
             overlay_mail(e, assembly, date),
         )
         for e in assembly.overlay
+        if e.repo_path not in own
     ]
     current: dict[str, str | None] = {}
     for patch in assembly.patches:
+        if not forwarded(patch):
+            continue
         before = {f: current[f] if f in current else _read(assembly.pristine / f) for f in patch.files}
         with tempfile.TemporaryDirectory(prefix="diffs-") as tmp:
             for path, text in before.items():

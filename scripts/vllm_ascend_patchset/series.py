@@ -63,6 +63,7 @@ class OverlayFile:
     feature: str
     replaces: bool
     overlay_dir: Path = OVERLAY_DIR
+    forwarded: bool = True  # False: the patch set's own (manifest 'not-forwarded'), never sent upstream
 
     @property
     def source(self) -> Path:
@@ -134,12 +135,17 @@ def load_overlay(patch_dir: Path = PATCH_DIR, overlay_dir: Path = OVERLAY_DIR) -
             if not line:
                 continue
             parts = line.split()
-            if len(parts) != 3 or parts[2] not in ("new", "replaces") or parts[1] not in FEATURES:
+            if (
+                len(parts) not in (3, 4)
+                or parts[2] not in ("new", "replaces")
+                or parts[1] not in FEATURES
+                or parts[3:] not in ([], ["not-forwarded"])
+            ):
                 raise SeriesError(
-                    f"{manifest}:{n}: expected '<path under vllm_ascend/> <{'|'.join(FEATURES)}> <new|replaces>', "
-                    f"got '{raw}'"
+                    f"{manifest}:{n}: expected '<path under vllm_ascend/> <{'|'.join(FEATURES)}> <new|replaces>"
+                    f" [not-forwarded]', got '{raw}'"
                 )
-            entries[parts[0]] = OverlayFile(parts[0], parts[1], parts[2] == "replaces", overlay_dir)
+            entries[parts[0]] = OverlayFile(parts[0], parts[1], parts[2] == "replaces", overlay_dir, not parts[3:])
     present = (
         sorted(
             p.relative_to(overlay_dir).as_posix()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .assemble import Assembly
-from .diffs import write_diffs
+from .diffs import left_out, write_diffs
 from .hunks import git_diff
 from .paths import DIST_DIR, PACKAGE
 from .port import port
@@ -136,7 +136,7 @@ def write_target_diffs(
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(ported / entry.repo_path, dest)
             replaces = entry.replaces and (target_tree / entry.repo_path).is_file()  # one the target dropped is new
-            entries.append(OverlayFile(entry.relpath, entry.feature, replaces, overlay_dir=staged_overlay))
+            entries.append(OverlayFile(entry.relpath, entry.feature, replaces, staged_overlay, entry.forwarded))
         assembly = Assembly(
             target=WheelTarget.host(),
             root=ported,
@@ -146,7 +146,7 @@ def write_target_diffs(
             overlay=tuple(entries),
         )
         written = write_diffs(assembly, out_dir, f"{target.repository} {target.ref} at {target.commit}")
-        _replay(written, target_tree, ported)
+        _replay(written, target_tree, ported, left_out(assembly))
     refreshed = []
     for path, text in report.refreshed.items():
         path.write_text(text)
@@ -154,12 +154,17 @@ def write_target_diffs(
     return TargetDiffs(report, written, out_dir, refreshed)
 
 
-def _replay(written: dict[str, list[Path]], repo: Path, ported: Path) -> None:
-    """git am every mail, feature by feature, on the target's files (``repo``); the result must be the ported tree."""
+def _replay(written: dict[str, list[Path]], repo: Path, ported: Path, own: set[str]) -> None:
+    """git am every mail, feature by feature, on the target's files (``repo``); the result must be the ported
+    tree, but for the files only the patch set's own changes touch (``own``: the mails leave them alone)."""
     for mails in written.values():
         _git(repo, "am", "-q", *[str(m) for m in mails])
     changed = _git(repo, "diff", "--name-only", "HEAD~" + str(sum(len(m) for m in written.values())), "HEAD").split()
-    ported_changed = [line[3:] for line in _git(ported, "status", "--porcelain", "--untracked-files=all").splitlines()]
+    ported_changed = [
+        path
+        for path in (line[3:] for line in _git(ported, "status", "--porcelain", "--untracked-files=all").splitlines())
+        if path not in own
+    ]
     if sorted(changed) != sorted(ported_changed):
         raise TargetDiffsError(f"the mail series changes {sorted(changed)}, the port {sorted(ported_changed)}")
     for path in changed:

@@ -382,3 +382,21 @@ def test_a_folder_at_the_cache_path_is_refused_and_saving_over_it_leaves_nothing
 def test_the_models_of_equal_samples_are_equal():
     samples = start_up_samples()
     assert model_of(samples) == model_of(list(samples))
+
+
+def test_the_fingerprints_version_is_the_patch_sets_or_else_the_installed_packages(monkeypatch):
+    """Upstream has no vllm_ascend.patchset: a profile is then keyed by the installed vllm-ascend's version."""
+    import importlib.metadata
+    import sys
+
+    from vllm_ascend.core import cpp_profile_store
+
+    monkeypatch.setitem(sys.modules, "vllm_ascend.patchset", None)  # importing it raises ImportError
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"vllm_ascend": "0.23.0"}[name])
+    assert cpp_profile_store._ascend_version() == "0.23.0"
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert cpp_profile_store._ascend_version() == "unknown"

@@ -16,6 +16,7 @@ the caller then profiles again.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -73,6 +74,20 @@ def make_fingerprint(
     }
 
 
+def _ascend_version() -> str:
+    """This build's vllm-ascend version: the patch set's, where it is one, else the installed package's."""
+    try:
+        from vllm_ascend import patchset
+
+        return patchset.PATCHSET_VERSION
+    except ImportError:
+        pass
+    try:
+        return importlib.metadata.version("vllm_ascend")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def fingerprint_for(vllm_config: Any) -> dict:
     """The fingerprint of an engine's configuration, read without touching the device."""
     model_config = vllm_config.model_config
@@ -83,12 +98,6 @@ def fingerprint_for(vllm_config: Any) -> dict:
         vllm_version = vllm.__version__
     except Exception:  # pragma: no cover - vLLM is always there in the engine
         vllm_version = "unknown"
-    try:
-        from vllm_ascend import patchset
-
-        ascend_version = patchset.PATCHSET_VERSION
-    except Exception:
-        ascend_version = "unknown"
     device_name, cann_version = _device_identity()
     return make_fingerprint(
         model=str(model_config.model),
@@ -99,7 +108,7 @@ def fingerprint_for(vllm_config: Any) -> dict:
         max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
         block_size=vllm_config.cache_config.block_size,
         vllm_version=vllm_version,
-        vllm_ascend_version=ascend_version,
+        vllm_ascend_version=_ascend_version(),
         device_name=device_name,
         cann_version=cann_version,
     )

@@ -7,6 +7,7 @@ VERSION ?=
 UPSTREAM_SRC ?=
 DRY_RUN ?=
 TARGET ?=
+AUTHOR ?=
 TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
@@ -36,9 +37,9 @@ test: venv assemble  ## every test (the README's and CI's command)
 test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled tree (tests/tiers.py), on two processes
 	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
 
-diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/)
+diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/; AUTHOR='Name <mail>')
 	@test -z "$(UPSTREAM_SRC)" || test -n "$(TARGET)" || { echo "make diffs: UPSTREAM_SRC is read only with TARGET=<name> (patches/targets/); without it the series is for the pinned release and needs no checkout" >&2; exit 2; }
-	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)")
+	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)") $(if $(AUTHOR),--author "$(AUTHOR)")
 
 config-docs: venv ## rewrite the config tables of docs/cpp.md and docs/dual-stream.md from the code
 	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset config-docs $(TARGET_ARGS)

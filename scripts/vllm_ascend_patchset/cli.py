@@ -44,7 +44,8 @@ def cmd_diffs(args: argparse.Namespace) -> int:
     if args.target:
         return _target_diffs(args)
     pin = Pin.load()
-    written = write_diffs(assemble(_target(args)), upstream=f"vllm-ascend {pin.git_tag} (commit {pin.git_commit})")
+    upstream = f"vllm-ascend {pin.git_tag} (commit {pin.git_commit})"
+    written = write_diffs(assemble(_target(args)), upstream=upstream, author=args.author)
     for feature, paths in written.items():
         print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
     return 0
@@ -67,6 +68,7 @@ def _target_diffs(args: argparse.Namespace) -> int:
         Path(args.upstream_src),
         pristine_pkg=pristine_root(_target(args)) / PACKAGE,
         pin_name=pin.git_tag,
+        author=args.author,
     )
     for path in result.refreshed:
         print(f"refreshed {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch")
     p.add_argument("--target", help="the series for patches/targets/TARGET (e.g. main), in dist/upstream-TARGET/")
     p.add_argument("--upstream-src", help="with --target: a vllm-ascend git checkout that has the target's commit")
+    p.add_argument("--author", help="'Full Name <mail>': every mail's author (default: the patches' Author headers)")
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     sub.add_parser("ds-bench", help="dual stream against single stream on the CPU, TP = 2, emulated links (--help)")

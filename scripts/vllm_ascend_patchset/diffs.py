@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import ast
 import heapq
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from email.utils import format_datetime
 from pathlib import Path
@@ -317,9 +318,15 @@ def _series(assembly: Assembly) -> tuple[dict[str, list[Mail]], dict[str, dict[s
 
 
 def write_diffs(
-    assembly: Assembly, out_dir: Path = UPSTREAM_DIR, upstream: str = "vllm-ascend at the pinned tag"
+    assembly: Assembly,
+    out_dir: Path = UPSTREAM_DIR,
+    upstream: str = "vllm-ascend at the pinned tag",
+    author: str | None = None,
 ) -> dict[str, list[Path]]:
-    """The mails under ``out_dir/<feature>/`` and ``out_dir/ORDER``; ``upstream`` names what they apply to."""
+    """The mails under ``out_dir/<feature>/`` and ``out_dir/ORDER``; ``upstream`` names what they apply to;
+    ``author`` ("Name <mail>"), when given, is every mail's author instead of the patches' headers'."""
+    if author is not None and not re.fullmatch(r"[^<>\n]+ <[^<>\s]+@[^<>\s]+>", author.strip()):
+        raise SeriesError(f"AUTHOR={author!r}: give it as 'Full Name <name@example.com>'")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     written: dict[str, list[Path]] = {}
@@ -328,6 +335,8 @@ def write_diffs(
         folder = out_dir / feature
         folder.mkdir(parents=True)
         for n, mail in enumerate(mails, 1):
+            if author is not None:
+                mail = replace(mail, author=author.strip())
             path = folder / f"{n:04d}-{mail.slug}.patch"
             path.write_text(_render(mail, n, len(mails)))
             written.setdefault(feature, []).append(path)

@@ -95,7 +95,13 @@ def _snapshot(upstream_src: Path, commit: str, dest: Path) -> None:
 
 
 def write_target_diffs(
-    target: UpstreamTarget, upstream_src: Path, *, pristine_pkg: Path, pin_name: str, out_dir: Path | None = None
+    target: UpstreamTarget,
+    upstream_src: Path,
+    *,
+    pristine_pkg: Path,
+    pin_name: str,
+    out_dir: Path | None = None,
+    author: str | None = None,
 ) -> TargetDiffs:
     out_dir = out_dir or DIST_DIR / f"upstream-{target.name}"
     overlay = load_overlay()
@@ -145,7 +151,7 @@ def write_target_diffs(
             patches=tuple(patches),
             overlay=tuple(entries),
         )
-        written = write_diffs(assembly, out_dir, f"{target.repository} {target.ref} at {target.commit}")
+        written = write_diffs(assembly, out_dir, f"{target.repository} {target.ref} at {target.commit}", author)
         _replay(written, target_tree, ported, left_out(assembly))
     refreshed = []
     for path, text in report.refreshed.items():

@@ -242,6 +242,12 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
     mails = {p.name for paths in written.values() for p in paths}
     named = set(re.findall(r"\d{4}-[\w.-]+\.patch", "".join(needs.values())))
     assert named and named <= mails and "log-patchset-at-registration" not in needs["cpp"]
+    # The submitter may author the mails (make diffs AUTHOR=...); a malformed one is refused.
+    authored = write_diffs(assembly, tmp_path / "authored", author="Ada Lovelace <ada@example.com>")
+    froms = {line for paths in authored.values() for p in paths for line in p.read_text().splitlines()[1:2]}
+    assert froms == {"From: Ada Lovelace <ada@example.com>"}
+    with pytest.raises(SeriesError, match="AUTHOR='ada'"):
+        write_diffs(assembly, tmp_path / "bad", author="ada")
 
 
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):

@@ -21,6 +21,7 @@ import heapq
 import re
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -54,13 +55,14 @@ def _docstring_summary(path: Path) -> tuple[str, str]:
         doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     except SyntaxError:
         doc = ""
-    paras = [p.strip() for p in doc.split("\n\n") if p.strip()]
+    paras = [p.strip("\n").rstrip() for p in doc.split("\n\n") if p.strip()]  # (a formula keeps its indent)
     if not paras:
         return "", ""
-    # The second paragraph says what the module does; one that ends in a colon leads into what
-    # follows it (a list), so that goes too: a body never stops mid-thought.
+    # The second paragraph says what the module does; one that does not end a sentence leads
+    # into what follows it (a list after a colon, a formula), so that goes too: a body never
+    # stops mid-thought.
     end = 2
-    while end < len(paras) and paras[end - 1].endswith(":"):
+    while end < len(paras) and not paras[end - 1].endswith((".", ".)", "!", "?")):
         end += 1
     return " ".join(paras[0].split()), "\n\n".join(paras[1:end])
 
@@ -90,9 +92,39 @@ def patch_mail(patch: Patch) -> Mail:
     return Mail(patch.feature, patch.subject, patch.body, patch.header["Author"].strip(), date, patch.diff, slug)
 
 
+BODY_WIDTH = 72  # git's convention for a commit message's body
+ITEM = re.compile(r"(- |\d+\. )")  # a list item's marker
+
+
+def _wrap(body: str) -> str:
+    """The body in lines of at most ``BODY_WIDTH``: each paragraph filled, a list item (``- ``,
+    ``1. ``) filled under its own indent; a paragraph of indented lines (a formula, code) kept as it is."""
+    out = []
+    for para in body.strip().split("\n\n"):
+        lines = para.splitlines()
+        if lines and all(line.startswith(" ") for line in lines):
+            out.append(para)
+            continue
+        items: list[list[str]] = []
+        for line in lines:
+            stripped = line.strip()
+            if ITEM.match(stripped) or not items:
+                items.append([stripped])
+            else:
+                items[-1].append(stripped)
+        filled = []
+        for item in items:
+            text = " ".join(item)
+            marker = ITEM.match(text)
+            indent = " " * len(marker.group(0)) if marker else ""
+            filled.append(textwrap.fill(text, BODY_WIDTH, subsequent_indent=indent, break_on_hyphens=False))
+        out.append("\n".join(filled))
+    return "\n\n".join(out)
+
+
 def _render(mail: Mail, n: int, total: int) -> str:
     when = datetime.strptime(mail.date, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-    body = mail.body.strip()
+    body = _wrap(mail.body)
     return (
         "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
         f"From: {mail.author}\n"
@@ -275,10 +307,8 @@ def _merge(changes: Sequence[Change]) -> Mail:
     subject = patched[0] if patched else "; ".join(parts)
     subject = subject[:1].upper() + subject[1:]
     intro = (
-        "These changes need each other (one imports what another adds, or a replaced module would break the"
-        " upstream code that another one changes), so they land in one commit and every commit works: "
-        + "; ".join(parts + [s[:1].lower() + s[1:] for s in patched[1:]])
-        + "."
+        "One commit, since each of these needs another (an import, or upstream code a replaced module"
+        " would break): " + "; ".join(parts + [s[:1].lower() + s[1:] for s in patched[1:]]) + "."
     )
     body = "\n\n".join([intro] + [f"{m.subject}." + (f" {m.body}" if m.body else "") for m in mails])
     first = mails[0]

@@ -234,6 +234,9 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
     written = write_diffs(assembly, tmp_path / "upstream")
     texts = [path.read_text() for paths in written.values() for path in paths]
     assert texts and not [t for t in texts if "Signed-off-by:" in t.split("\n---\n", 1)[0]]
+    bodies = [t.split("\n\n", 1)[1].split("\n---\n", 1)[0] for t in texts]
+    long = [line for body in bodies for line in body.splitlines() if len(line) > 72 and not line.startswith(" ")]
+    assert not long, f"body lines over 72 characters (a formula or code, indented, may be): {long[:3]}"
     # ORDER says what a series needs of an earlier one (dual stream's cache keys are CPP's fingerprint).
     needs = {line.split(" needs ")[0]: line for line in (tmp_path / "upstream" / "ORDER").read_text().splitlines()}
     assert "-core-cpp_profile_store.patch" in needs["dual-stream"] and "hooks" not in needs["dual-stream"]

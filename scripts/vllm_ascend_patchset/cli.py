@@ -91,13 +91,16 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
 
 def cmd_port(args: argparse.Namespace) -> int:
     from .paths import PACKAGE
-    from .port import port, write_report
+    from .port import check_descends, port, write_report
     from .series import load_overlay, load_patches
     from .targets import load_target
     from .trees import pristine_root
 
     pin = Pin.load()
     pristine = pristine_root(_target(args)) / PACKAGE
+    target = load_target(args.target) if args.target else None
+    if target is not None:
+        check_descends(Path(args.upstream_src), target)
     report = port(
         Path(args.upstream_src),
         patches=load_patches(),
@@ -105,7 +108,7 @@ def cmd_port(args: argparse.Namespace) -> int:
         pristine_pkg=pristine,
         pin_name=pin.git_tag,
         dry_run=args.dry_run,
-        target=load_target(args.target) if args.target else None,
+        target=target,
     )
     print(report.render(full=False), end="")
     print(f"Full report (with the upstream diffs of replaced files): {write_report(report, args.report)}")

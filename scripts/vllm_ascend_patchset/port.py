@@ -76,6 +76,20 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
     return commit, describe
 
 
+def check_descends(upstream: Path, target: UpstreamTarget) -> None:
+    """A target's series is made for its commit: a checkout whose HEAD does not build on it (a
+    release branch, an older commit) would only report the differences as conflicts."""
+    res = subprocess.run(
+        ["git", "-C", str(upstream), "merge-base", "--is-ancestor", target.commit, "HEAD"], capture_output=True
+    )
+    if res.returncode != 0:
+        raise PortError(
+            f"{upstream}: its HEAD does not contain {target.ref} at {target.commit[:12]}, which target "
+            f"'{target.name}' is made for; check out {target.ref} (or a later commit of it) there, or drop "
+            "TARGET to port the pinned series (a release branch)"
+        )
+
+
 def port(
     upstream: Path,
     *,

@@ -19,7 +19,7 @@ from vllm_ascend_patchset import port as port_mod
 from vllm_ascend_patchset.contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult
 from vllm_ascend_patchset.hunks import git_diff
 from vllm_ascend_patchset.paths import OVERLAY_DIR, PATCH_DIR
-from vllm_ascend_patchset.port import answered_contracts, port, write_report
+from vllm_ascend_patchset.port import PortError, answered_contracts, check_descends, port, write_report
 from vllm_ascend_patchset.port_report import ALREADY, APPLIES, CONFLICT, REFRESHED
 from vllm_ascend_patchset.porter import Porter
 from vllm_ascend_patchset.series import SeriesError, load_overlay, load_patches
@@ -182,6 +182,15 @@ def test_a_wrong_upstream_src_is_named_with_the_fix(world, tmp_path, where, says
             world.target(), src[where], pristine_pkg=world.pristine, pin_name="v0.23.0", out_dir=tmp_path / "d"
         )
     assert not (tmp_path / "d").exists()
+
+
+def test_a_checkout_that_does_not_build_on_the_targets_commit_is_refused_with_the_fix(world):
+    """A release branch (or an older commit) given with TARGET would report every difference as a conflict."""
+    git(world.upstream, "checkout", "-q", "HEAD~1")
+    with pytest.raises(PortError, match="does not contain main at .* check out main"):
+        check_descends(world.upstream, world.target())
+    git(world.upstream, "checkout", "-q", "-")
+    check_descends(world.upstream, world.target())  # the target's commit itself (or a later one) is fine
 
 
 def _overlay_patch(world: World, tmp_path: Path) -> tuple[Path, Path, str, str]:

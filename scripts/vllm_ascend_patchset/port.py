@@ -51,6 +51,19 @@ def _git(cwd: Path, *args: str) -> str:
     return res.stdout.rstrip()
 
 
+def check_top_level(upstream: Path) -> None:
+    """UPSTREAM_SRC must name the top of a git checkout: refused, with the fix, when it is missing,
+    not a git checkout, or a folder inside one."""
+    if not upstream.is_dir():
+        raise PortError(f"UPSTREAM_SRC {upstream}: not a directory; give a vllm-ascend git checkout")
+    res = subprocess.run(["git", "-C", str(upstream), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise PortError(f"UPSTREAM_SRC {upstream}: not a git checkout; give a vllm-ascend git checkout")
+    top = Path(res.stdout.strip()).resolve()
+    if top != upstream.resolve():
+        raise PortError(f"UPSTREAM_SRC {upstream}: a folder inside a checkout; give its top level, {top}")
+
+
 def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[str, str]:
     """(commit, describe) of the checkout; refuses one the port could damage."""
     problems = path_problems(upstream, paths)
@@ -60,9 +73,7 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
         )
     if not (upstream / PACKAGE / "__init__.py").is_file():
         raise PortError(f"{upstream} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at a vllm-ascend checkout")
-    top = Path(_git(upstream, "rev-parse", "--show-toplevel")).resolve()
-    if top != upstream.resolve():
-        raise PortError(f"{upstream} is not the top of a git work tree (that is {top}); point UPSTREAM_SRC there")
+    check_top_level(upstream)
     commit = _git(upstream, "rev-parse", "HEAD")
     describe = _git(upstream, "describe", "--tags", "--always")
     if not dry_run:
@@ -79,6 +90,7 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
 def check_descends(upstream: Path, target: UpstreamTarget) -> None:
     """A target's series is made for its commit: a checkout whose HEAD does not build on it (a
     release branch, an older commit) would only report the differences as conflicts."""
+    check_top_level(upstream)
     res = subprocess.run(
         ["git", "-C", str(upstream), "merge-base", "--is-ancestor", target.commit, "HEAD"], capture_output=True
     )

@@ -23,7 +23,7 @@ from .assemble import Assembly
 from .diffs import left_out, write_diffs
 from .hunks import git_diff
 from .paths import DIST_DIR, PACKAGE
-from .port import port
+from .port import PortError, check_top_level, port
 from .port_report import PortReport
 from .series import OverlayFile, Patch, load_overlay, load_patches, parse_header
 from .targets import UpstreamTarget, with_header
@@ -64,17 +64,10 @@ def _snapshot(upstream_src: Path, commit: str, dest: Path) -> None:
     by what each change imports (``diffs``), and whether an imported name is a submodule is
     read from the files of the tree.
     """
-    if not upstream_src.is_dir():
-        raise TargetDiffsError(f"UPSTREAM_SRC {upstream_src}: not a directory; give a vllm-ascend git checkout")
-    top = subprocess.run(
-        ["git", "-C", str(upstream_src), "rev-parse", "--show-toplevel"], capture_output=True, text=True
-    )
-    if top.returncode != 0:
-        raise TargetDiffsError(f"UPSTREAM_SRC {upstream_src}: not a git checkout; give a vllm-ascend git checkout")
-    if Path(top.stdout.strip()).resolve() != upstream_src.resolve():
-        raise TargetDiffsError(
-            f"UPSTREAM_SRC {upstream_src}: a folder inside a checkout; give its top level, {top.stdout.strip()}"
-        )
+    try:
+        check_top_level(upstream_src)
+    except PortError as error:
+        raise TargetDiffsError(str(error)) from None
     check = subprocess.run(
         ["git", "-C", str(upstream_src), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
     )

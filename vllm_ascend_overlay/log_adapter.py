@@ -1,4 +1,4 @@
-"""Loggers for modules that must run without vLLM (the CPP maths, the twin, the tests' fast tier).
+"""Loggers for modules that must run without vLLM (the CPP maths, offline simulators, tests).
 
 ``get_logger(__name__)`` is vLLM's ``init_logger(__name__)`` when vLLM is importable, so a
 record goes where every other vllm_ascend record goes; without vLLM it is the standard

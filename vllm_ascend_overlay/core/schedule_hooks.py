@@ -4,7 +4,7 @@
 methods where it sets the step's token budget and where it decides each request's
 number of new tokens. Every default below returns exactly what the loop computed
 before the hook existed, so a scheduler that does not override them behaves as
-upstream does, step for step (tests/cpp_engine/test_hook_equivalence.py).
+upstream does, step for step (a test runs both side by side and compares every batch).
 
 The contract, in the order the loop calls them within one ``schedule()``:
 

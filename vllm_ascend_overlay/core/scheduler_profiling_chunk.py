@@ -32,7 +32,7 @@ Here is only the bookkeeping:
   would have done, one warning names the fault, and CPP is off for the rest of the
   process (vLLM's own loop from the next step).
 
-Without an engine (tests, the twin): construct it like any vLLM scheduler, call
+Without an engine (tests, offline simulation): construct it like any vLLM scheduler, call
 ``run_profiling_chunk_init(executor)`` once (``executor.collective_rpc("profile_prefill_latency",
 args=(chunk_tokens, history_tokens))`` returns per-worker ms; or pass ``measure=fn``), then
 alternate ``schedule()`` and ``update_from_output(output, model_runner_output)``;
@@ -86,7 +86,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
-        self.cpp_clock = time.time  # the clock of requests' arrival_time (the twin sets its simulated one)
+        self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:

@@ -2,14 +2,14 @@
 
 Switch: ``vllm serve ... --additional-config '{"dual_stream_config": {"enabled": true}}'``.
 Each key's default, range and meaning is declared once, in ``DualStreamConfig``'s fields
-(``config_table.setting``); docs/dual-stream.md's table is tested against them, and says
-why the defaults are what they are.
+(``config_table.setting``), and the user documentation's table of them is generated from
+these declarations.
 
 ``length_threshold`` set: the gate trusts it. Unset (the default): the gate measures where
 dual stream pays on this deployment (``measured``) and caches what it measured under
 ``cache_dir``.
 
-Validation runs once in ``AscendConfig.__init__`` (patch 0301) and raises ``ValueError``
+Validation runs once, last in ``AscendConfig.__init__``, and raises ``ValueError``
 naming the key and the fix. Features that replace the row-parallel all-reduce path
 (flashcomm1 / sequence parallelism, matmul-allreduce, flashcomm2, fine-grained MLP or
 o_proj TP) take the all-reduce away from the point where dual stream moves it to the

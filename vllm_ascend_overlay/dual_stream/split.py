@@ -28,8 +28,8 @@ import torch
 SPLIT_STRATEGIES = ("half_batch", "token_balanced")
 
 # AscendMetadata fields (vllm_ascend/attention/attention_v1.py at the pin) and what the
-# splitter does with each. tests/dual_stream/test_metadata_contract.py parses the pinned
-# source and fails, naming the field, when upstream adds or drops one.
+# splitter does with each. A unit test parses attention_v1.py and fails, naming the
+# field, when a field is added or dropped there without a line here.
 HANDLED_FIELDS = frozenset(
     {
         "num_actual_tokens",  # token count of the half

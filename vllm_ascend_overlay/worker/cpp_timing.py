@@ -2,7 +2,7 @@
 
 The logic here is backend-neutral: it reaches the device only through the model
 runner's ``_sync_device()`` and the dummy run it is given, so the NPU model runner
-(patch 0202) and a CPU engine (vLLM's ``CPUModelRunner``, driven through a worker
+(worker/model_runner_v1.py) and a CPU engine (vLLM's ``CPUModelRunner``, driven through a worker
 extension) run the same code.
 
 Profile runs (``profile_prefill_latency``): the model runner's dummy run, made to look

@@ -302,13 +302,16 @@ def _merge(changes: Sequence[Change]) -> Mail:
             verb = "replace" if change.before[path] is not None else "add"
             modules[verb].append(path.rsplit("/", 1)[-1].removesuffix(".py"))
     parts = [f"{verb} {_and(names)}" for verb, names in modules.items() if names]
-    # The purpose is the patch's (the hook the modules serve); without one, the modules are.
+    # The purpose is the patch's (the hook the modules serve); without one, or when upstream
+    # modules are replaced (a reviewer must see that upstream code is rewritten), the modules are.
     patched = [c.mail.subject for c in changes if not c.overlay]
-    subject = patched[0] if patched else "; ".join(parts)
+    by_modules = not patched or bool(modules["replace"])
+    subject = "; ".join(parts) if by_modules else patched[0]
     subject = subject[:1].upper() + subject[1:]
+    listed = parts + [s[:1].lower() + s[1:] for s in (patched if by_modules else patched[1:])]
     intro = (
         "One commit, since each of these needs another (an import, or upstream code a replaced module"
-        " would break): " + "; ".join(parts + [s[:1].lower() + s[1:] for s in patched[1:]]) + "."
+        " would break): " + "; ".join(listed) + "."
     )
     body = "\n\n".join([intro] + [f"{m.subject}." + (f" {m.body}" if m.body else "") for m in mails])
     first = mails[0]

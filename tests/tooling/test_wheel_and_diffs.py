@@ -231,6 +231,10 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
         if mail.body.rstrip().endswith(":")
     ]
     assert not cut, f"bodies that end mid-thought: {cut}"
+    # A commit that rewrites an upstream module says so in its subject, also when a patch comes with it.
+    scheduler = [m for m in series_by_feature(assembly)["cpp"] if "/core/scheduler_profiling_chunk.py" in m.diff]
+    replaced = "Replace scheduler_profiling_chunk and patch_profiling_chunk"
+    assert [m.subject.split(";")[0] for m in scheduler] == [replaced]
     written = write_diffs(assembly, tmp_path / "upstream")
     texts = [path.read_text() for paths in written.values() for path in paths]
     assert texts and not [t for t in texts if "Signed-off-by:" in t.split("\n---\n", 1)[0]]

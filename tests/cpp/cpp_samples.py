@@ -63,6 +63,23 @@ class Tiles:
         return self.fixed_ms + self.token_ms * c + self.pair_ms * c * (h + c / 2)
 
 
+@dataclass(frozen=True)
+class Waves:
+    """Tiles spread over a device's cores: time steps by a whole wave every ``span_tokens`` (tile x cores),
+    flat between, so a chunk one token past a wave costs a whole wave more."""
+
+    span_tokens: int = 3072
+    fixed_ms: float = 40.0
+    wave_ms: float = 120.0
+    token_ms: float = 0.005
+    pair_ms: float = 3e-7
+
+    def time_ms(self, chunk_tokens, history_tokens):
+        c, h = chunk_tokens, history_tokens
+        waves = math.ceil(c / self.span_tokens)
+        return self.fixed_ms + self.wave_ms * waves + self.token_ms * c + self.pair_ms * c * (h + c / 2)
+
+
 # An accelerator-like step: 5 ms fixed, history reads and attention visible at 64k.
 TRUE = Quadratic(5.0, 0.02, 0.002, 2e-6, 3e-7)
 NPU_LIKE = Quadratic(30.0, 0.01, 1e-4, 5e-7, 2e-7)  # fixed cost dominates

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, start_up_samples
+from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, start_up_samples
 from vllm_ascend.core.cpp_acceptance import (
     best_fixed_chunk,
     detect_granule,
@@ -139,6 +139,34 @@ def test_a_time_that_falls_after_the_probe_is_no_tile():
 @pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT])
 def test_noise_alone_makes_no_tile(truth, seed):
     assert verdict_on(start_up_samples(truth, noise=0.10, seed=seed)).granule_tokens == 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("span", [3072, 6144])
+def test_a_wave_step_at_a_profiled_size_is_found_and_a_chunk_past_it_costs_the_next_size(span, seed):
+    """One token past a wave costs a whole wave: between the wave and the next profiled size the
+    model must not offer a share of the jump (a chunk there would pay the wave for a few tokens)."""
+    verdict = verdict_on(start_up_samples(Waves(span), noise=0.02, seed=seed))
+    model = verdict.model
+    nodes = model.chunk_tokens
+    i = nodes.index(span)
+    # Every wave that falls on a profiled size (3072 and 6144, or 6144) is a step, and nothing else is.
+    assert [nodes[j] for j in model.steps] == [c for c in nodes[1:-1] if c % span == 0]
+    assert f"a step after {span} tokens" in verdict.reason
+    upper_ms = model.time_ms(nodes[i + 1], 0)
+    assert model.time_ms(span + 1, 0) == model.time_ms(span + 500, 0) == upper_ms
+    assert model.chunk_for_time(0, upper_ms * (1 - 1e-9)) == span
+    rule = ChunkRule(model, LIMITS, 4)
+    plan = rule.plan_target([(0, 32_768)])
+    assert all(not span < rule.chunk_alone(h, plan, model.fixed_ms) < nodes[i + 1] for h in range(0, 32_768, 1024))
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT, Tiles(256)])
+def test_smooth_growth_and_noise_make_no_step(truth, seed):
+    """A surface whose growth steepens is steep beside the steeper segment too; noise makes no 30% jump."""
+    assert verdict_on(start_up_samples(truth, noise=0.10, seed=seed)).model.steps == ()
+    assert verdict_on(start_up_samples(truth, noise=0.0)).model.steps == ()
 
 
 def test_the_decisions_are_judged_on_a_prompt_that_fills_the_history_in_use():

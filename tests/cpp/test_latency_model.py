@@ -29,6 +29,27 @@ def test_the_model_is_exact_at_every_measured_point(truth):
             assert model.time_ms(chunk, history) == pytest.approx(truth.time_ms(chunk, history), rel=1e-12)
 
 
+def test_past_a_step_a_chunk_costs_the_upper_size_in_the_scalar_and_the_vectorised_questions():
+    plain = grid_model(TRUE)
+    model = LatencyModel.from_dict({**plain.to_dict(), "steps": [3]})  # 128 -> 256 tokens
+    assert model.steps == (3,) and LatencyModel.from_dict(model.to_dict()) == model
+    chunks = np.array([1.0, 100.0, 128.0, 129.0, 200.0, 256.0, 300.0, 4096.0])
+    for history in (0, 5000, 40_000, 70_000):
+        scalar = [model.time_ms(c, history) for c in chunks]
+        np.testing.assert_allclose(model.time_ms_many(chunks, history), scalar, rtol=1e-12)
+        times = np.array(scalar + [t * 0.999 for t in scalar])
+        np.testing.assert_allclose(
+            model.chunk_for_time_many(np.full(times.shape, float(history)), times),
+            [model.chunk_for_time(history, t) for t in times],
+            rtol=1e-12,
+        )
+        assert model.time_ms(129, history) == model.time_ms(256, history) > plain.time_ms(129, history)
+        assert model.chunk_for_time(history, model.time_ms(256, history) * 0.999) == 128
+        assert model.time_ms(100, history) == plain.time_ms(100, history)  # other segments as before
+    with pytest.raises(FitError, match="steps must be"):
+        LatencyModel.from_dict({**plain.to_dict(), "steps": [len(plain.chunk_tokens) - 1]})
+
+
 @pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE])
 def test_between_profiled_points_a_smooth_surface_is_followed_within_one_and_a_half_percent(truth):
     model = measured_model(truth, noise=0.0)

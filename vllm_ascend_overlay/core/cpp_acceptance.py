@@ -26,7 +26,11 @@ well one functional form fits it:
    measured to the sizes either side, makes the smallest candidate that steps there the granule (a
    larger tile's device does not step at a smaller one's first boundary, and a smaller
    tile's steps at a larger one's by only its own tile, too little to ask for), and
-   chunks are then whole multiples of it (core/cpp_chunk_rule.py).
+   chunks are then whole multiples of it (core/cpp_chunk_rule.py). Larger steps (one more
+   wave of tiles over the device's cores, a kernel switch) that fall on a profiled size
+   show in the grid itself: a segment that jumps where the growth on either side is flat
+   (``detect_steps``) is a step of the model, and a chunk past its lower size costs its
+   upper size's time.
 4. **The fallback is never the worst choice**: when a profile stays broken,
    the scheduler runs the fixed chunk that is best for the reference prompt on what the
    valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
@@ -55,6 +59,8 @@ MIN_FALL = 0.10  # ... and never a fall under 10% (a faster kernel for a larger 
 UNSTABLE_LOSS = 0.03  # a round's schedule may cost this much more than the full model's own
 TILE_CANDIDATES = (64, 128, 256, 512)  # tile sizes the profile probes
 STEP_TOKENS = 12  # a tile step costs more than this many tokens' smooth share of the time
+STEP_EXCESS = 0.30  # a segment of the ladder is a step when it grows 30% beyond its neighbours' laws ...
+STEP_FLATNESS = 0.25  # ... and they grow at most a quarter as fast as it (flat on either side of the jump)
 
 
 @dataclass(frozen=True)
@@ -159,6 +165,45 @@ def detect_granule(points: Sequence[Point], scatter: float) -> int:
     return 1
 
 
+def detect_steps(model: LatencyModel, points: Sequence[Point], scatter: float) -> tuple[int, ...]:
+    """Segments of the ladder (without history) whose time jumps where it is flat on either side.
+
+    Between two measured sizes the model follows the local law; a staircase (one more wave
+    of tiles on the device's cores, a kernel switch) puts a whole jump somewhere between
+    them, and a segment holding one grows much faster than its neighbours, which hold none
+    and are nearly flat. A segment is a step when its growth beats what the steeper
+    neighbouring segment's law gives over the same span by more than ``STEP_EXCESS`` and by
+    more than ``FALL_SIGMAS`` standard errors of the two medians, and that law is at most
+    ``STEP_FLATNESS`` of its own: a smooth surface whose growth steepens (a cache that
+    overflows, attention among the chunk's own tokens) is steep beside it too, and noise
+    does not make a jump of that size.
+    """
+    nodes, row = model.chunk_tokens, model.step_ms[0]
+    repeats = {p.chunk_tokens: p.repeats for p in points if p.history_tokens == 0}
+    spans = [math.log(b / a) for a, b in zip(nodes, nodes[1:], strict=False)]
+    growths = [math.log(b / a) for a, b in zip(row, row[1:], strict=False)]
+    laws = [g / span for g, span in zip(growths, spans, strict=True)]
+
+    def variance(j: int) -> float:  # of segment j's growth, in units of the scatter's square
+        return sum(_median_variance(repeats.get(nodes[k], 1)) for k in (j, j + 1))
+
+    steps = []
+    for i in range(1, len(laws)):  # (the first segment runs from a decode's one token)
+        beside = [j for j in (i - 1, i + 1) if 1 <= j < len(laws)]
+        if not beside:
+            continue
+        j = max(beside, key=lambda k: laws[k])
+        if laws[j] > STEP_FLATNESS * laws[i]:
+            continue
+        excess = growths[i] - laws[j] * spans[i]
+        # Its standard error: the segment's growth and the neighbour's law, each from two medians
+        # (noise pooled flat by the monotone fit makes a staircase of its own).
+        noise = FALL_SIGMAS * scatter * math.sqrt(variance(i) + (spans[i] / spans[j]) ** 2 * variance(j))
+        if excess > math.log1p(max(STEP_EXCESS, noise)):
+            steps.append(i)
+    return tuple(steps)
+
+
 def reference_prompt_tokens(rule: ChunkRule, max_history_tokens: int) -> int:
     """The prompt the decisions are judged on: one that fills the history the scheduler will see."""
     limits = rule.limits
@@ -225,6 +270,9 @@ def judge(
     granule = detect_granule(all_points, scatter)
     if granule > 1:
         note = f"; time steps every {granule} tokens: chunks are multiples of it{note}"
+    steps = detect_steps(model, points, scatter)
+    if steps:
+        model = replace(model, steps=steps)
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
     tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
@@ -242,7 +290,8 @@ def judge(
         for samples_of_round in rounds:
             round_points, _ = group_points(samples_of_round)
             try:
-                round_rule = judged.with_model(LatencyModel.from_points(grid_part(round_points)))
+                round_model = LatencyModel.from_points(grid_part(round_points))
+                round_rule = judged.with_model(replace(round_model, steps=steps))
             except FitError:
                 continue
             loss = max(loss, schedule_ttft_ms(round_rule, model, prompt_tokens) / own_ms - 1.0)

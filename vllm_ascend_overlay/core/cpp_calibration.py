@@ -181,6 +181,7 @@ class OnlineCalibration:
             fixed_ms,
             scatter=model.scatter,
             num_points=model.num_points,
+            steps=model.steps,
         )
 
     def _spread(self) -> bool:

@@ -13,6 +13,11 @@ within the noise is averaged away, not believed). Between the measured points:
 - in H, linear between levels: history enters a step through reading and attending to
   H cached tokens, linear in H at a fixed chunk.
 
+A step (``steps``): where the profile shows time jumping between two sizes far beyond the
+growth on either side (a wave of tiles more on the device's cores, a kernel switch), a
+chunk past the lower size costs the upper size's time, not a share of the jump: nothing
+between the two was measured, and the jump may come right after the lower one.
+
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
 least 1 (never cheaper per token than measured); beyond the deepest level, the last two
@@ -99,8 +104,10 @@ class LatencyModel:
     fixed_ms: float  # an empty step's time
     scatter: float = 0.0  # relative scatter between repeats of one profiled point
     num_points: int = 0
+    steps: tuple[int, ...] = ()  # segments i (nodes[i] to nodes[i + 1]) whose time steps right after nodes[i]
     _scalar: tuple = field(init=False, repr=False, compare=False)
     _vector: tuple = field(init=False, repr=False, compare=False)
+    _step_mask: np.ndarray | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         nodes, levels, rows = self.chunk_tokens, self.history_tokens, self.step_ms
@@ -119,6 +126,11 @@ class LatencyModel:
             raise FitError("step times must not fall with chunk size or history (use LatencyModel.from_points)")
         if not (math.isfinite(self.fixed_ms) and 0 <= self.fixed_ms <= rows[0][0]):
             raise FitError(f"fixed_ms {self.fixed_ms!r} must be in [0, the smallest step's time]")
+        if list(self.steps) != sorted(set(self.steps)) or any(not 0 <= i < len(nodes) - 1 for i in self.steps):
+            raise FitError(f"steps must be increasing segment indices below {len(nodes) - 1}, got {list(self.steps)}")
+        mask = np.zeros(len(nodes) - 1, dtype=bool)
+        mask[list(self.steps)] = True
+        object.__setattr__(self, "_step_mask", mask if self.steps else None)
         if len(levels) == 1:  # one level: no history dependence; a copy makes the blend uniform
             levels, rows = (0, max(1, nodes[-1])), (rows[0], rows[0])
         # Beyond the deepest level each size continues with the last levels' slope, made
@@ -183,6 +195,8 @@ class LatencyModel:
         i = min(max(bisect.bisect_right(nodes, chunk_tokens) - 1, 0), last - 1)
         a = low[i] + weight * (high[i] - low[i])
         b = low[i + 1] + weight * (high[i + 1] - low[i + 1])
+        if self.steps and nodes[i] < chunk_tokens <= nodes[i + 1] and i in self.steps:
+            return b  # past a step: the upper size's time
         exponent = math.log(b / a) / (log_nodes[i + 1] - log_nodes[i])
         if chunk_tokens < nodes[0]:
             exponent = min(exponent, 1.0)
@@ -205,6 +219,8 @@ class LatencyModel:
             else:
                 hi_k = middle
         k = lo_k
+        if 0 <= k < last and k in self.steps:
+            return nodes[k]  # anything larger pays the step
         i = min(max(k, 0), last - 1)
         a = low[i] + weight * (high[i] - low[i])
         b = low[i + 1] + weight * (high[i + 1] - low[i + 1])
@@ -267,7 +283,10 @@ class LatencyModel:
             base_ms = np.where(above, b, a)
             base_log = np.where(above, log_nodes[last], base_log)
         with np.errstate(divide="ignore"):
-            return base_ms * np.exp(exponent * (np.log(np.maximum(chunks, 0.0)) - base_log))
+            times = base_ms * np.exp(exponent * (np.log(np.maximum(chunks, 0.0)) - base_log))
+        if self._step_mask is not None:
+            times = np.where(self._step_mask[i] & (chunks > nodes[i]) & (chunks <= nodes[i + 1]), b, times)
+        return times
 
     def chunk_for_time_many(self, history_tokens: np.ndarray, time_ms: np.ndarray) -> np.ndarray:
         """``chunk_for_time`` of arrays (broadcast together; the rows are blended once per history)."""
@@ -290,6 +309,8 @@ class LatencyModel:
         base_log = np.where(above, log_nodes[last], log_nodes[i])
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
             chunks = np.exp(base_log + (np.log(times) - np.log(base_ms)) / exponent)
+        if self._step_mask is not None:
+            chunks = np.where((k >= 0) & (k < last) & self._step_mask[i], nodes[i], chunks)
         return np.where(below & ((exponent <= 0) | ~(times > 0)), 0.0, chunks)
 
     def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
@@ -320,6 +341,7 @@ class LatencyModel:
             f"{len(nodes)} chunk sizes {nodes[0]}..{nodes[-1]} x {len(levels)} history lengths 0..{levels[-1]}, "
             f"{self.time_ms(nodes[-1], 0):.4g} ms for {nodes[-1]} tokens without history, "
             f"fixed cost {self.fixed_ms:.4g} ms, scatter {100 * self.scatter:.1f}%"
+            + "".join(f", a step after {nodes[i]} tokens" for i in self.steps)
         )
 
     def to_dict(self) -> dict:
@@ -330,6 +352,7 @@ class LatencyModel:
             "fixed_ms": self.fixed_ms,
             "scatter": self.scatter,
             "num_points": self.num_points,
+            "steps": list(self.steps),
         }
 
     @classmethod
@@ -342,6 +365,7 @@ class LatencyModel:
                 float(data["fixed_ms"]),
                 scatter=float(data.get("scatter", 0.0)),
                 num_points=int(data.get("num_points", 0)),
+                steps=tuple(int(i) for i in data.get("steps", ())),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise FitError(f"not a latency model: {error}") from None

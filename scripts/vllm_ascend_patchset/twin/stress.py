@@ -21,6 +21,9 @@ Each stress surface changes one mechanism:
 - ``knee``: part of each step's overhead appears only once a chunk needs more than one
   pass of the compute units (K = 512 tokens): small chunks are cheaper than the line
   through large ones predicts.
+- ``waves``: the matrix units' tiles are spread over the device's cores (24 of them, 128
+  rows a tile), so the linear work runs in waves of 3072 tokens: time is flat within a
+  wave and jumps by a whole wave one token past it.
 - ``attn-switch``: past 24k tokens of history the attention kernel switches to a
   paged variant that costs 0.6x per pair but pays a per-token setup, a 15% jump up at
   the switch, then slower growth.
@@ -61,6 +64,8 @@ class StressSurface:
             c = np.ceil(c / size) * size
             h = np.ceil(h / size) * size
             linear, attention = token * c, pair * c * (h + c / 2)
+        elif self.mechanism == "waves":
+            linear, attention = token * np.ceil(c / size) * size, pair * c * (h + c / 2)
         elif self.mechanism == "knee":
             fixed = fixed + 50.0 * (1.0 - np.exp(-c / size))
             linear, attention = token * c, pair * c * (h + c / 2)
@@ -90,6 +95,7 @@ STRESS_SURFACES = {
     # An empty step costs only the part of the overhead that does not grow with the chunk.
     "knee": StressSurface("knee", "knee", fixed_ms=10.0, size_tokens=512.0),
     "attn-switch": StressSurface("attn-switch", "attn-switch", size_tokens=24576.0),
+    "waves": StressSurface("waves", "waves", size_tokens=3072.0),
 }
 
 

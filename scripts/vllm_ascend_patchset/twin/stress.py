@@ -23,7 +23,8 @@ Each stress surface changes one mechanism:
   through large ones predicts.
 - ``waves``: the matrix units' tiles are spread over the device's cores (24 of them, 128
   rows a tile), so the linear work runs in waves of 3072 tokens: time is flat within a
-  wave and jumps by a whole wave one token past it.
+  wave and jumps by a whole wave one token past it. For one prompt at a time: the twin
+  costs a batch's requests one by one, so a decode beside it would pay a wave of its own.
 - ``attn-switch``: past 24k tokens of history the attention kernel switches to a
   paged variant that costs 0.6x per pair but pays a per-token setup, a 15% jump up at
   the switch, then slower growth.

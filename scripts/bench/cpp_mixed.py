@@ -25,13 +25,14 @@ from cpp_surfaces import SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.slo import default_slo  # noqa: E402
+from vllm_ascend_patchset.twin.stress import STRESS_SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin.surface_files import load_surface  # noqa: E402
 from vllm_ascend_patchset.twin.workloads import mixed  # noqa: E402
 
-# The twin costs a batch as its fixed cost plus each request's own, so on stress:waves every decode
-# would pay a whole 3072-token wave (a device runs the batch's rows together, in shared waves):
-# that surface is for one prompt at a time (cpp_surfaces.py), not for traffic with decodes.
-MIXED_SURFACES = [spec for spec in SURFACES if spec != "stress:waves"]
+# Traffic has decodes: the stress surfaces made for one prompt at a time are left out (twin/stress.py).
+MIXED_SURFACES = [
+    spec for spec in SURFACES if not spec.startswith("stress:") or STRESS_SURFACES[spec.split(":", 1)[1]].with_decodes
+]
 
 # Steps of 1.5x and 4/3 alternately: the tuned fixed chunk is within about 15% of the best size there is
 # (a power-of-two sweep misses, e.g., the 768 that beats both 512 and 1024 on a surface with tile steps).

@@ -291,7 +291,7 @@ def judge(
             round_points, _ = group_points(samples_of_round)
             try:
                 round_model = LatencyModel.from_points(grid_part(round_points))
-                round_rule = judged.with_model(replace(round_model, steps=steps))
+                round_rule = judged.with_model(replace(round_model, steps=steps) if steps else round_model)
             except FitError:
                 continue
             loss = max(loss, schedule_ttft_ms(round_rule, model, prompt_tokens) / own_ms - 1.0)

@@ -51,6 +51,10 @@ class StressSurface:
     history_token_ms: float = 1.5e-5
     pair_ms: float = 3.0e-7
     size_tokens: float = 0.0  # the mechanism's size: buffer, tile, knee or switch point
+    # False: for one prompt at a time. The twin costs a batch as its fixed cost plus each request's
+    # own, so where one token costs a whole wave every decode beside a prompt would pay one of its
+    # own, which no device does (it runs the batch's rows together, in shared waves).
+    with_decodes: bool = True
 
     def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
         c = np.asarray(chunk_tokens, dtype=np.float64)
@@ -96,7 +100,7 @@ STRESS_SURFACES = {
     # An empty step costs only the part of the overhead that does not grow with the chunk.
     "knee": StressSurface("knee", "knee", fixed_ms=10.0, size_tokens=512.0),
     "attn-switch": StressSurface("attn-switch", "attn-switch", size_tokens=24576.0),
-    "waves": StressSurface("waves", "waves", size_tokens=3072.0),
+    "waves": StressSurface("waves", "waves", size_tokens=3072.0, with_decodes=False),
 }
 
 

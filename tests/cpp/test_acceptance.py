@@ -10,10 +10,12 @@ from vllm_ascend.core.cpp_acceptance import (
     best_fixed_chunk,
     detect_granule,
     judge,
+    locate_steps,
     reference_prompt_tokens,
     schedule_ttft_ms,
 )
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_profiling import LOCATE_RUNS, LOCATE_TOKENS, locate_runs
 from vllm_ascend.core.cpp_samples import group_points
 
 MAX_HISTORY = 65_536
@@ -161,6 +163,67 @@ def test_a_wave_step_at_a_profiled_size_is_found_and_a_chunk_past_it_costs_the_n
     assert rule.efficient_chunks().at(0) in [nodes[j] for j in model.steps]
     plan = rule.plan_target([(0, 32_768)])
     assert all(not span < rule.chunk_alone(h, plan, model.fixed_ms) < nodes[i + 1] for h in range(0, 32_768, 1024))
+
+
+def located_profile(truth, noise, seed):
+    """A start-up profile, then the runs that place its steps, as ``initialise_profile`` measures them."""
+    samples = start_up_samples(truth, noise=noise, seed=seed)
+    first = verdict_on(samples).model
+    rng = np.random.default_rng(seed + 100)
+    runs = []
+
+    def measure(chunk, history):
+        runs.append((chunk, history))
+        return truth.time_ms(chunk, history) * float(np.exp(noise * rng.standard_normal()))
+
+    located = locate_runs(measure, first, repeats=2)
+    assert [(c, h) for c, h, _ in located] == runs
+    return first, verdict_on(samples + located), runs
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("span", [2304, 2560, 2800])
+def test_a_wave_between_profiled_sizes_is_placed_by_bisecting_its_segment(span, seed):
+    """20 cores of 128-row tiles step every 2560 tokens, between the profiled 2048 and 3072: a few
+    runs inside the segment place the jump, and chunks up to it cost what they do, not the wave after."""
+    truth = Waves(span)
+    first, verdict, runs = located_profile(truth, noise=0.03, seed=seed)
+    # (2800: the second wave, 5600, falls between 4096 and 6144, a flat segment above it: a step too)
+    assert [(first.chunk_tokens[i], first.chunk_tokens[i + 1]) for i in first.steps][:1] == [(2048, 3072)]
+    assert 0 < len(runs) <= LOCATE_RUNS and all(2048 < c < 3072 and h == 0 for c, h in runs[:5])
+    model = verdict.model
+    lower, upper = model.chunk_tokens[model.steps[0]], model.chunk_tokens[model.steps[0] + 1]
+    assert span - LOCATE_TOKENS < lower <= span and upper == 3072
+    assert f"a step after {lower} tokens" in verdict.reason
+    for history in (0, 32_768, 65_536):
+        # Up to the wave: within the noise of the truth (the upper size's time is about twice it);
+        # past it: the upper size's time, at every history.
+        for chunk in (2100, lower):
+            assert model.time_ms(chunk, history) == pytest.approx(truth.time_ms(chunk, history), rel=0.08)
+        assert model.time_ms(lower + 1, history) == model.time_ms(3072, history)
+    rule = ChunkRule(model, LIMITS, 4)
+    plan = rule.plan_target([(0, 32_768)])
+    assert all(not lower < rule.chunk_alone(h, plan, model.fixed_ms) < 3072 for h in range(0, 32_768, 1024))
+
+
+@pytest.mark.parametrize("span", [3072, 6144])
+def test_a_wave_on_a_profiled_size_stays_where_it_is(span):
+    """Every run inside the segment is past the jump: the model is the one without them."""
+    first, verdict, runs = located_profile(Waves(span), noise=0.02, seed=0)
+    assert verdict.model.chunk_tokens == first.chunk_tokens and verdict.model.steps == first.steps
+    assert 0 < len(runs) <= LOCATE_RUNS
+
+
+def test_runs_that_contradict_each_other_place_the_jump_below_the_first_one_past_it():
+    """Noise may put a run past the jump below one on its flat side: the lower reading wins."""
+    truth = Waves(2560)
+    samples = start_up_samples(truth, noise=0.0)
+    first = verdict_on(samples).model
+    flat, past = truth.time_ms(2048, 0), truth.time_ms(3072, 0)
+    points, _ = group_points([*samples, (2304, 0, flat), (2560, 0, past), (2816, 0, flat)])
+    model = locate_steps(first, points, first.steps)
+    assert [model.chunk_tokens[i] for i in model.steps] == [2304]
+    assert 2304 in model.chunk_tokens and 2816 not in model.chunk_tokens
 
 
 @pytest.mark.parametrize("seed", range(5))

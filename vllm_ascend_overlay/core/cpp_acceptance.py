@@ -27,10 +27,11 @@ well one functional form fits it:
    larger tile's device does not step at a smaller one's first boundary, and a smaller
    tile's steps at a larger one's by only its own tile, too little to ask for), and
    chunks are then whole multiples of it (core/cpp_chunk_rule.py). Larger steps (one more
-   wave of tiles over the device's cores, a kernel switch) that fall on a profiled size
-   show in the grid itself: a segment that jumps where the growth on either side is flat
-   (``detect_steps``) is a step of the model, and a chunk past its lower size costs its
-   upper size's time.
+   wave of tiles over the device's cores, a kernel switch) show in the grid itself: a
+   segment that jumps where the growth on either side is flat (``detect_steps``) is a step
+   of the model, and a chunk past its lower size costs its upper size's time; sizes
+   measured inside the segment (the profile bisects it) move the lower size up to the
+   largest of them before the jump (``locate_steps``).
 4. **The fallback is never the worst choice**: when a profile stays broken,
    the scheduler runs the fixed chunk that is best for the reference prompt on what the
    valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
@@ -52,7 +53,15 @@ from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_samples import FitError, Point, SampleError, check_sample, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
-__all__ = ["Verdict", "best_fixed_chunk", "judge", "reference_prompt_tokens", "schedule_ttft_ms"]
+__all__ = [
+    "Verdict",
+    "best_fixed_chunk",
+    "flat_side",
+    "judge",
+    "locate_steps",
+    "reference_prompt_tokens",
+    "schedule_ttft_ms",
+]
 
 FALL_SIGMAS = 4.0  # a fall beyond this many sigmas of the repeat scatter is not noise
 MIN_FALL = 0.10  # ... and never a fall under 10% (a faster kernel for a larger size is not broken data)
@@ -204,6 +213,44 @@ def detect_steps(model: LatencyModel, points: Sequence[Point], scatter: float) -
     return tuple(steps)
 
 
+def flat_side(low_ms: float, high_ms: float, median_ms: float) -> bool:
+    """Whether a time measured inside a step's segment is before its jump: under the jump's geometric middle."""
+    return median_ms * median_ms < low_ms * high_ms
+
+
+def locate_steps(model: LatencyModel, points: Sequence[Point], steps: Sequence[int]) -> LatencyModel:
+    """``model`` with ``steps``, each jump placed after the largest size measured on its flat side.
+
+    The grid puts a jump somewhere in a step's segment (a, b); sizes measured inside it without
+    history (the profile bisects a segment, ``cpp_profiling.locate_runs``) tell where: the
+    jump comes after the largest one below the smallest that is past it (``flat_side``), and
+    chunks up to that size cost what was measured there, not b's time. That size becomes a
+    node, its time at each history the time measured without history plus what history adds
+    (read between a and b, where the jump does not show), kept between a's and b's.
+    """
+    zero = {p.chunk_tokens: p.median_ms for p in points if p.history_tokens == 0}
+    nodes, rows = list(model.chunk_tokens), [list(row) for row in model.step_ms]
+    located = set(steps)
+    for i in sorted(steps, reverse=True):  # from the top: an insertion moves only the segments above it
+        a, b = nodes[i], nodes[i + 1]
+        low_ms, high_ms = rows[0][i], rows[0][i + 1]
+        inside = sorted(c for c in zero if a < c < b)
+        past = [c for c in inside if not flat_side(low_ms, high_ms, zero[c])]
+        flat = [c for c in inside if c < (past[0] if past else b)]
+        if not flat:
+            continue
+        size, share = flat[-1], (flat[-1] - a) / (b - a)
+        size_ms = min(max(zero[size], low_ms), high_ms)
+        for row in rows:
+            added = row[i] - rows[0][i] + share * ((row[i + 1] - high_ms) - (row[i] - low_ms))
+            row.insert(i + 1, min(max(size_ms + added, row[i]), row[i + 1]))
+        nodes.insert(i + 1, size)
+        located = {j + 1 if j >= i else j for j in located}
+    return replace(
+        model, chunk_tokens=tuple(nodes), step_ms=tuple(tuple(row) for row in rows), steps=tuple(sorted(located))
+    )
+
+
 def reference_prompt_tokens(rule: ChunkRule, max_history_tokens: int) -> int:
     """The prompt the decisions are judged on: one that fills the history the scheduler will see."""
     limits = rule.limits
@@ -272,7 +319,7 @@ def judge(
         note = f"; time steps every {granule} tokens: chunks are multiples of it{note}"
     steps = detect_steps(model, points, scatter)
     if steps:
-        model = replace(model, steps=steps)
+        model = locate_steps(model, all_points, steps)
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
     tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
@@ -283,7 +330,8 @@ def judge(
             return Verdict(None, None, True, reason)
         fallback = _fallback_chunk(points, bad_chunks, bad_histories, judged.limits, num_stages, prompt_tokens)
         return Verdict(None, fallback, False, reason, granule)
-    rounds = _rounds(valid)
+    grid_keys = {(p.chunk_tokens, p.history_tokens) for p in points}
+    rounds = _rounds([s for s in valid if (s[0], s[1]) in grid_keys])  # (a size measured once is in none)
     loss = 0.0
     if len(rounds) >= 2:
         own_ms = schedule_ttft_ms(judged, model, prompt_tokens)
@@ -291,7 +339,7 @@ def judge(
             round_points, _ = group_points(samples_of_round)
             try:
                 round_model = LatencyModel.from_points(grid_part(round_points))
-                round_rule = judged.with_model(replace(round_model, steps=steps) if steps else round_model)
+                round_rule = judged.with_model(locate_steps(round_model, all_points, steps) if steps else round_model)
             except FitError:
                 continue
             loss = max(loss, schedule_ttft_ms(round_rule, model, prompt_tokens) / own_ms - 1.0)

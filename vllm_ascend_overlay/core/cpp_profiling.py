@@ -31,7 +31,9 @@ read from measurements, at small chunks too; and a tile probe, pairs of sizes S 
 S + 1 without history at the first boundary of each candidate tile (64 to 512 tokens),
 ``PROBE_REPEATS`` times each a pass, which tells whether time steps at tile boundaries
 (core/cpp_acceptance.py). For the default base chunk of 8192: 17 sizes x 5 lengths + 20
-probe runs (each S is on the ladder), 2 passes: 210 runs after 2 warm-up runs.
+probe runs (each S is on the ladder), 2 passes: 210 runs after 2 warm-up runs. Where the
+grid shows time jumping between two sizes (a step), up to ``LOCATE_RUNS`` more runs
+bisect the segment to place the jump (``locate_runs``).
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.
@@ -44,12 +46,15 @@ history_tokens))`` returns one latency in ms per worker (a list), or a single nu
 from __future__ import annotations
 
 import inspect
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES, Verdict, judge
+from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES, Verdict, flat_side, judge
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
+from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
 from vllm_ascend.log_adapter import get_logger
 
@@ -62,6 +67,9 @@ EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy 
 SMALLEST_LADDER_CHUNK = 32
 PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
 CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use
+LOCATE_RUNS = 8  # runs at most to place steps' jumps (the default profile stays within 218 runs)
+LOCATE_TOKENS = 32  # ... to within this many tokens
+LOCATE_UNSURE = 2.0  # a size within this many scatters of a jump's middle is measured once more
 
 MeasureFn = Callable[[int, int], float]
 
@@ -159,6 +167,40 @@ def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup:
     return [(chunk, history, measure(chunk, history)) for chunk, history in plan]
 
 
+def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
+    """Runs that place each step's jump (``model.steps``, lowest first): a bisection of its segment.
+
+    Between a step's two profiled sizes the jump may lie anywhere (a wave of tiles over 20
+    cores every 2560 tokens falls between 2048 and 3072): each run without history at the
+    middle of what is left tells on which side of it the jump is (``flat_side``, the rule
+    ``locate_steps`` applies to the samples), measured again, up to ``repeats`` times, when
+    it is within ``LOCATE_UNSURE`` scatters of the jump's middle. At most ``LOCATE_RUNS``
+    runs in all, to within ``LOCATE_TOKENS`` tokens; a jump left unplaced stays after the
+    lower size (the conservative reading).
+    """
+    samples: list = []
+    nodes, row = model.chunk_tokens, model.step_ms[0]
+    unsure = math.log1p(LOCATE_UNSURE * model.scatter)
+    for i in model.steps:
+        flat, past = nodes[i], nodes[i + 1]
+        middle_ms = math.sqrt(row[i] * row[i + 1])
+        while past - flat > LOCATE_TOKENS and len(samples) < LOCATE_RUNS:
+            size = flat + (past - flat) // 2 // LOCATE_TOKENS * LOCATE_TOKENS
+            if size <= flat:
+                break
+            times = [measure(size, 0)]
+            while abs(math.log(statistics.median(times) / middle_ms)) < unsure and len(times) < repeats:
+                if len(samples) + len(times) >= LOCATE_RUNS:
+                    break
+                times.append(measure(size, 0))
+            samples += [(size, 0, ms) for ms in times]
+            if flat_side(row[i], row[i + 1], statistics.median(times)):
+                flat = size
+            else:
+                past = size
+    return samples
+
+
 @dataclass(frozen=True)
 class StartUp:
     """What start-up gives the scheduler: a verdict, the samples behind it and where they came from."""
@@ -232,6 +274,14 @@ def initialise_profile(
         if not verdict.noisy:
             break
         logger.info("[CPP] start-up profile: %s; measuring the same %d runs once more", verdict.reason, len(plan))
+    if verdict.model is not None and verdict.model.steps:
+        try:
+            located = locate_runs(measure, verdict.model, config.profile_repeats)
+        except Exception as error:  # as above
+            return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
+        if located:
+            samples += located
+            verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
     source = f"profiled ({len(samples)} runs after {WARMUP_RUNS} warm-up)"
     if verdict.model is not None and path is not None:
         try:

@@ -31,7 +31,7 @@ from pathlib import Path
 from .assemble import Assembly, apply_patch
 from .graphs import strongly_connected_parts
 from .hunks import git_diff
-from .imports import defined_names, import_statements, module_of
+from .imports import import_statements, missing_names, module_of, redefined_names
 from .paths import DIST_DIR
 from .series import FEATURES, OverlayFile, Patch, SeriesError
 
@@ -208,17 +208,6 @@ def _read(path: Path) -> str | None:
     return path.read_text() if path.is_file() else None
 
 
-def _missing_names(text: str, package_dir: Path, names: tuple[str, ...]) -> list[str]:
-    """The names ``from M import ...`` would not find in M's ``text``: neither defined nor a submodule
-    (``package_dir``: M's folder, if M is a package)."""
-    defined = defined_names(text)
-    return [
-        n
-        for n in names
-        if n not in defined and not (package_dir / f"{n}.py").is_file() and not (package_dir / n).is_dir()
-    ]
-
-
 def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]:
     """Change index -> indices of the changes it must not precede (the rules in the module doc)."""
     owners: dict[str, list[tuple[int, str]]] = {}
@@ -243,20 +232,29 @@ def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]
             old = change.before[path]
             old_imports = import_statements(old, path) if old is not None else set()
             for target, names in import_statements(new, path):
+                if (target, names) in old_imports and not change.overlay:
+                    continue  # an import the file had before this patch, which leaves it as it was
                 for j, module_path in owners_of(target, names):
                     if j == i or ((target, names) in old_imports and not changes[j].overlay):
                         continue  # an import this file already had, of a module a patch changes: same API
-                    if rank[changes[j].feature] > rank[change.feature]:  # a later feature's change to the module:
+                    if changes[j].feature != change.feature and not changes[j].overlay and names:
+                        # Another feature's patch to a module is needed only for the names it adds or redefines.
+                        before, after = changes[j].before[module_path], changes[j].after[module_path]
+                        package_dir = assembly.root / module_path.removesuffix("__init__.py")
+                        if before is not None and not missing_names(before, package_dir, names):
+                            if not set(names) & redefined_names(before, after):
+                                continue
+                    elif rank[changes[j].feature] > rank[change.feature]:  # a later feature's new module:
                         before = changes[j].before[module_path]  # needed only for what it adds
                         package_dir = assembly.root / module_path.removesuffix("__init__.py")
-                        if before is not None and not _missing_names(before, package_dir, names):
+                        if before is not None and not missing_names(before, package_dir, names):
                             continue
                     needs[i].add(j)  # this change uses what change j adds
             upstream = _read(assembly.pristine / path)
             for target, names in old_imports & (import_statements(upstream, path) if upstream else set()):
                 for j, module_path in owners_of(target, names):
                     package_dir = assembly.root / module_path.removesuffix("__init__.py")
-                    removed = _missing_names(changes[j].after[module_path], package_dir, names)
+                    removed = missing_names(changes[j].after[module_path], package_dir, names)
                     if j != i and changes[j].feature == change.feature and (changes[j].overlay or removed):
                         needs[j].add(i)  # change j would break this file's upstream code: not before it
     for i, wanted in needs.items():
@@ -326,6 +324,11 @@ def _and(names: Sequence[str]) -> str:
 
 def series_by_feature(assembly: Assembly) -> dict[str, list[Mail]]:
     return _series(assembly)[0]
+
+
+def series_needs(assembly: Assembly) -> dict[str, dict[str, set[int]]]:
+    """Per feature, what it needs of earlier features' series: feature -> numbers of their mails, from 1."""
+    return _series(assembly)[1]
 
 
 def _series(assembly: Assembly) -> tuple[dict[str, list[Mail]], dict[str, dict[str, set[int]]]]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 from .paths import PACKAGE
 
@@ -94,3 +95,32 @@ def defined_names(text: str) -> set[str]:
     except SyntaxError:
         pass
     return names
+
+
+def redefined_names(before: str, after: str) -> set[str]:
+    """Top-level names whose definition (a def, a class, an assignment) reads differently after a change."""
+
+    def definitions(text: str) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                out[node.name] = ast.dump(node)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for name in (n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)):
+                    out[name] = ast.dump(node)
+        return out
+
+    old, new = definitions(before), definitions(after)
+    return {name for name, text in new.items() if old.get(name) != text}
+
+
+def missing_names(text: str, package_dir: Path, names: tuple[str, ...]) -> list[str]:
+    """The names ``from M import ...`` would not find in M's ``text``: neither defined nor a submodule
+    (``package_dir``: M's folder, if M is a package)."""
+    defined = defined_names(text)
+    return [
+        n
+        for n in names
+        if n not in defined and not (package_dir / f"{n}.py").is_file() and not (package_dir / n).is_dir()
+    ]

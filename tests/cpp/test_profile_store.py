@@ -24,9 +24,9 @@ from vllm_ascend.core.cpp_profile_store import (
     ProfileCacheError,
     cache_file,
     load_profile,
-    make_fingerprint,
     save_profile,
 )
+from vllm_ascend.deployment import make_fingerprint
 
 BASE_CHUNK_TOKENS = 8192
 MAX_HISTORY = 65_536
@@ -392,17 +392,17 @@ def test_the_fingerprints_version_is_the_patch_sets_or_else_the_installed_packag
     import importlib.metadata
     import sys
 
-    from vllm_ascend.core import cpp_profile_store
+    from vllm_ascend import deployment
 
     monkeypatch.setitem(sys.modules, "vllm_ascend.patchset", None)  # importing it raises ImportError
     monkeypatch.setattr(importlib.metadata, "version", lambda name: {"vllm_ascend": "0.23.0"}[name])
-    assert cpp_profile_store._ascend_version() == "0.23.0"
+    assert deployment._ascend_version() == "0.23.0"
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", missing)
-    assert cpp_profile_store._ascend_version() == "unknown"
+    assert deployment._ascend_version() == "unknown"
 
 
 def test_a_fresh_profile_places_a_wave_between_its_sizes_within_the_default_run_budget(tmp_path):

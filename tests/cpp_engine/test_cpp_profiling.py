@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import helpers
 import pytest
+from vllm_ascend import deployment
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
 
 
@@ -88,11 +89,11 @@ def test_fingerprint_names_what_a_profile_depends_on_without_touching_the_device
 
     monkeypatch.setattr(torch, "npu", NoDevice(), raising=False)
     base = helpers.make_vllm_config(tmp_path, max_num_batched_tokens=512)
-    fingerprint = cpp_profile_store.fingerprint_for(base)
+    fingerprint = deployment.fingerprint_for(base)
     assert fingerprint["model"] == str(tmp_path) and fingerprint["max_num_batched_tokens"] == 512
     assert fingerprint["pipeline_parallel_size"] == 1 and fingerprint["block_size"] == 16
     assert fingerprint["vllm_version"] and fingerprint["vllm_ascend_version"].startswith("0.23.0+")
-    other_budget = cpp_profile_store.fingerprint_for(helpers.make_vllm_config(tmp_path, max_num_batched_tokens=1024))
+    other_budget = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path, max_num_batched_tokens=1024))
     files = {cpp_profile_store.cache_file("/c", fp) for fp in (fingerprint, other_budget)}
     assert len(files) == 2 and cpp_profile_store.cache_file("/c", fingerprint) == cpp_profile_store.cache_file(
         "/c", dict(fingerprint)

@@ -14,6 +14,7 @@ from unittest import mock
 
 import helpers
 import pytest
+from vllm_ascend import deployment
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
@@ -314,9 +315,7 @@ def test_the_twin_starts_ours_from_the_samples_an_engine_saved(tmp_path, profile
     from vllm_ascend_patchset.twin.worker import seed_profile_cache
 
     engine = profiled[2]
-    saved = cpp_profile_store.cache_file(
-        str(profiled[0] / "cache"), cpp_profile_store.fingerprint_for(engine.vllm_config)
-    )
+    saved = cpp_profile_store.cache_file(str(profiled[0] / "cache"), deployment.fingerprint_for(engine.vllm_config))
     settings = {"enabled": True, "cache_dir": str(tmp_path / "seeded"), "min_chunk": 64}
     scheduler = helpers.make_scheduler(
         ProfilingChunkScheduler,
@@ -443,7 +442,7 @@ def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, pr
 def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
     cache_dir = tmp_path / "cache"
     cache_file = cpp_profile_store.cache_file(
-        profiled[0] / "cache", cpp_profile_store.fingerprint_for(profiled[2].vllm_config)
+        profiled[0] / "cache", deployment.fingerprint_for(profiled[2].vllm_config)
     )
     assert cache_file.exists()
     cache_dir.mkdir()
@@ -458,9 +457,7 @@ def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
 @pytest.mark.parametrize("coefficient", [1e9, 1e308], ids=["1e9", "1e308"])
 def test_a_model_written_into_the_cache_file_never_reaches_the_schedule(tmp_path, profiled, coefficient):
     """Only the samples are read: a cache file given a model of its own schedules as its samples do, step for step."""
-    source = cpp_profile_store.cache_file(
-        profiled[0] / "cache", cpp_profile_store.fingerprint_for(profiled[2].vllm_config)
-    )
+    source = cpp_profile_store.cache_file(profiled[0] / "cache", deployment.fingerprint_for(profiled[2].vllm_config))
     data = json.loads(source.read_text())
     data["coefficients"] = {f"c{i}_ms": coefficient for i in range(5)}
     data["model"] = {"step_ms": [[coefficient]], "fixed_ms": coefficient}

@@ -6,7 +6,7 @@ import json
 import os
 
 import pytest
-from vllm_ascend.core.cpp_profile_store import make_fingerprint
+from vllm_ascend.deployment import make_fingerprint
 from vllm_ascend.dual_stream import measured_store
 from vllm_ascend.dual_stream.measured import MeasuredGate, Probe, size_classes
 from vllm_ascend.dual_stream.measured_store import MeasuredCacheError, cache_file, fingerprint, load, save

@@ -16,7 +16,7 @@ from tooling.replay_series import replay
 from tooling.tiny_wheel import write_wheel
 from vllm_ascend_patchset import wheel as wheel_mod
 from vllm_ascend_patchset.assemble import assemble
-from vllm_ascend_patchset.diffs import left_out, series_by_feature, write_diffs
+from vllm_ascend_patchset.diffs import left_out, series_by_feature, series_needs, write_diffs
 from vllm_ascend_patchset.imports import imported_modules, module_of
 from vllm_ascend_patchset.pin import Pin
 from vllm_ascend_patchset.series import SeriesError
@@ -129,20 +129,17 @@ def _replacements_before_their_importers(commits: list[dict], assembly) -> list[
     return found
 
 
-def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembly, tmp_path, monkeypatch):
-    written = write_diffs(assembly, tmp_path / "upstream")
-    order = (tmp_path / "upstream" / "ORDER").read_text().split("\n\n")[0].splitlines()[1:]
-    assert order == list(written) and written, "every feature's series, in the order ORDER names"
+def _replay(assembly, tmp_path: Path, monkeypatch, folders: list[Path], name: str) -> dict:
+    """The report of ``replay_series`` over ``folders`` (git am, commit by commit) on a pristine repo."""
     files = {
         p.relative_to(assembly.pristine).as_posix(): p.read_bytes()
         for p in (assembly.pristine / "vllm_ascend").rglob("*.py")
     }
-    repo = init_repo(tmp_path / "repo", files, "pristine v0.23.0")
-    # One child process replays every series commit by commit (git am) and imports at each commit.
+    repo = init_repo(tmp_path / f"repo-{name}", files, "pristine v0.23.0")
+    # One child process replays the series commit by commit (git am) and imports at each commit.
     # Forked from this one, it inherits vLLM as other tests imported it (no second import) and
     # leaves this process's modules alone.
-    result = tmp_path / "replay.json"
-    folders = [tmp_path / "upstream" / feature for feature in order]
+    result = tmp_path / f"replay-{name}.json"
     for key, value in GIT_IDENTITY.items():
         monkeypatch.setenv(key, value)
     child = multiprocessing.get_context("fork").Process(target=replay, args=(repo, result, folders, assembly.pristine))
@@ -153,7 +150,54 @@ def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembl
         child.join()
         pytest.fail(f"replaying the series took over {REPLAY_TIMEOUT_S} s")
     assert child.exitcode == 0, "the replay failed; its traceback is in the captured stderr"
-    report = json.loads(result.read_text())
+    return {"repo": repo, **json.loads(result.read_text())}
+
+
+def _order(upstream: Path) -> tuple[list[str], dict[str, set[str]]]:
+    """ORDER's features in order, and what each needs of the earlier ones."""
+    text = (upstream / "ORDER").read_text()
+    order = text.split("\n\n")[0].splitlines()[1:]
+    needs = {line.split(" needs ")[0]: line.split(" needs ")[1] for line in text.splitlines() if " needs " in line}
+    return order, {f: {g for g in order if needs.get(f, "").startswith(g) or f" and {g} (" in needs.get(f, "")}
+                   for f in order}  # fmt: skip
+
+
+def test_a_series_works_on_the_series_order_says_it_needs_alone(assembly, tmp_path, monkeypatch):
+    """Dual stream goes upstream without CPP: its series, on what ORDER names (the build's), applies
+    with git am and imports at every commit, and leaves its files as the assembly has them."""
+    written = write_diffs(assembly, tmp_path / "upstream")
+    order, needs = _order(tmp_path / "upstream")
+    assert needs["dual-stream"] == {"build"} and needs["hooks"] == set() and needs["cpp"] == {"build", "hooks"}
+    for feature in order:
+        alone = [f for f in order if f in needs[feature] or f == feature]
+        if alone == order[: order.index(feature) + 1]:
+            continue  # every earlier series: the full replay's
+        report = _replay(assembly, tmp_path, monkeypatch, [tmp_path / "upstream" / f for f in alone], feature)
+        environment = set(report["final_problems"])
+        assert not [p for p in environment if p.endswith("no such name")], (feature, sorted(environment)[:5])
+        for commit in report["commits"]:
+            assert set(commit["problems"]) <= environment, (
+                commit["subject"],
+                sorted(set(commit["problems"]) - environment),
+            )
+        touched = {f for commit in report["commits"] for f in commit["files"]}
+
+        def files(feature_name: str) -> set[str]:
+            return {f for p in written[feature_name] for f in re.findall(r"^\+\+\+ b/(\S+)", p.read_text(), re.M)}
+
+        mine = files(feature)
+        assert mine and mine <= touched
+        # Its own files as the assembly has them (a file another series changes too is upstream's plus its hunks).
+        for rel in sorted(mine - set().union(*(files(f) for f in order if f not in alone))):
+            assert (report["repo"] / rel).read_bytes() == (assembly.root / rel).read_bytes(), rel
+
+
+def test_every_commit_of_every_series_works_and_the_last_is_the_assembly(assembly, tmp_path, monkeypatch):
+    written = write_diffs(assembly, tmp_path / "upstream")
+    order = (tmp_path / "upstream" / "ORDER").read_text().split("\n\n")[0].splitlines()[1:]
+    assert order == list(written) and written, "every feature's series, in the order ORDER names"
+    report = _replay(assembly, tmp_path, monkeypatch, [tmp_path / "upstream" / f for f in order], "all")
+    repo = report["repo"]
     commits = report["commits"]
     assert len(commits) == sum(len(paths) for paths in written.values())
     environment = set(report["final_problems"])  # NPU-only modules that cannot import on a CPU at all
@@ -208,12 +252,14 @@ Forwarded: no
 """
 
 
-def _grouping_assembly(tmp_path: Path, overlay: dict[str, tuple[str, str, str]]):
-    wheel = write_wheel(tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl", UPSTREAM)
+def _grouping_assembly(tmp_path: Path, overlay: dict[str, tuple[str, str, str]], upstream=UPSTREAM, patches=None):
+    wheel = write_wheel(tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl", upstream)
+    patch_texts = patches if patches is not None else {"0300-register-a.patch": REGISTER_A}
     patches, overlay_dir = tmp_path / "patches", tmp_path / "overlay"
     patches.mkdir()
-    (patches / "0300-register-a.patch").write_text(REGISTER_A)
-    (patches / "series").write_text("0300-register-a.patch\n")
+    for name, text in patch_texts.items():
+        (patches / name).write_text(text)
+    (patches / "series").write_text("".join(f"{name}\n" for name in patch_texts))
     (patches / "overlay.manifest").write_text("".join(f"{p} {f} {m}\n" for p, (f, m, _) in overlay.items()))
     for path, (_, _, text) in overlay.items():
         (overlay_dir / path).parent.mkdir(parents=True, exist_ok=True)
@@ -241,9 +287,10 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
     bodies = [t.split("\n\n", 1)[1].split("\n---\n", 1)[0] for t in texts]
     long = [line for body in bodies for line in body.splitlines() if len(line) > 72 and not line.startswith(" ")]
     assert not long, f"body lines over 72 characters (a formula or code, indented, may be): {long[:3]}"
-    # ORDER says what a series needs of an earlier one (dual stream's cache keys are CPP's fingerprint).
+    # ORDER says what a series needs of an earlier one (dual stream's cache keys are the deployment's
+    # fingerprint, a build module, not CPP's).
     needs = {line.split(" needs ")[0]: line for line in (tmp_path / "upstream" / "ORDER").read_text().splitlines()}
-    assert "-core-cpp_profile_store.patch" in needs["dual-stream"] and "hooks" not in needs["dual-stream"]
+    assert "-deployment.patch" in needs["dual-stream"] and "cpp" not in needs["dual-stream"].split(" needs ")[1]
     # Named by the mails' files; ``from vllm_ascend import patchset`` needs patchset.py, not the build
     # patch that changes vllm_ascend/__init__.py.
     mails = {p.name for paths in written.values() for p in paths}
@@ -268,6 +315,45 @@ def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, 
         "Add vllm_ascend/dual_stream/a.py",
         "Register the dual-stream module by name",
     ]
+
+
+# (The blank context lines are a space each.)
+CPP_CONFIG = "\n".join(
+    [
+        "Description: Read the CPP section of the configuration",
+        "Feature: cpp",
+        "Forwarded: no",
+        "",
+        "--- a/vllm_ascend/config.py",
+        "+++ b/vllm_ascend/config.py",
+        "@@ -1,6 +1,7 @@",
+        " class Config:",
+        "     def __init__(self):",
+        "         self.x = 1",
+        "+        self.cpp = 2",
+        " ",
+        " ",
+        " def get():",
+        "",
+    ]
+)
+
+
+def test_another_features_patch_is_needed_only_for_the_names_it_adds_or_redefines(tmp_path, private_cache):
+    """Dual stream reads the configuration through a function CPP's patch leaves alone: no need of CPP.
+    A module that imports the class the patch changes needs it."""
+    upstream = {
+        **UPSTREAM,
+        "vllm_ascend/config.py": b"class Config:\n    def __init__(self):\n        self.x = 1\n\n\n"
+        b"def get():\n    return 1\n",
+    }
+    patches = {"0200-cpp-config.patch": CPP_CONFIG, "0300-register-a.patch": REGISTER_A}
+    reader = {"dual_stream/c.py": ("dual-stream", "new", "from vllm_ascend.config import get\n\nC = get()\n")}
+    earlier = series_needs(_grouping_assembly(tmp_path / "a", {**OVERLAY, **reader}, upstream, patches))
+    assert "cpp" not in earlier.get("dual-stream", {})
+    subclass = {"dual_stream/c.py": ("dual-stream", "new", "from vllm_ascend.config import Config\n\nC = Config\n")}
+    earlier = series_needs(_grouping_assembly(tmp_path / "b", {**OVERLAY, **subclass}, upstream, patches))
+    assert earlier["dual-stream"]["cpp"]
 
 
 def test_a_change_needing_a_later_features_change_is_refused(tmp_path, private_cache):

@@ -11,7 +11,7 @@ and the planner replace them, and code that imported them must move to these nam
 - core/cpp_chunk_rule.py: the chunk for a time and the per-step budget;
 - core/cpp_planner.py: the batch-time target;
 - core/cpp_calibration.py: online calibration from timed steps;
-- core/cpp_profile_store.py: the fingerprint and the cached profile file.
+- core/cpp_profile_store.py: the cached profile file (keyed by ``vllm_ascend/deployment.py``'s fingerprint).
 """
 
 from vllm_ascend.core.cpp_acceptance import Verdict, judge
@@ -23,13 +23,12 @@ from vllm_ascend.core.cpp_profile_store import (
     PROFILE_SCHEMA_VERSION,
     ProfileCacheError,
     cache_file,
-    fingerprint_for,
     load_profile,
-    make_fingerprint,
     save_profile,
 )
 from vllm_ascend.core.cpp_samples import FitError, SampleError, check_sample, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
+from vllm_ascend.deployment import fingerprint_for, make_fingerprint
 
 __all__ = [
     "DEFAULT_FLOOR_TOKENS",

@@ -53,9 +53,9 @@ from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_held import allotment_candidates, plan_shape, prefix_hit_tokens, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
-from vllm_ascend.core.cpp_profile_store import fingerprint_for
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
 from vllm_ascend.core.cpp_step_budget import PASS_OVER_LIMIT
+from vllm_ascend.deployment import fingerprint_for
 from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
 

@@ -35,7 +35,7 @@ class MeasuredCacheError(ValueError):
 
 def fingerprint(deployment: Mapping, *, split_strategy: str, balance_threshold: float,
                 classes: Sequence[int], repeats: int, stage: int | None = None) -> dict:  # fmt: skip
-    """``deployment`` (``cpp_profile_store.fingerprint_for``) plus what the dual-stream decision depends on.
+    """``deployment`` (``vllm_ascend.deployment.fingerprint_for``) plus what the dual-stream decision depends on.
 
     ``stage``: the pipeline stage under PP > 1 (its layers and its share of the time are its
     own, so each stage measures and keeps its probes apart); None without PP.
@@ -52,8 +52,8 @@ def fingerprint(deployment: Mapping, *, split_strategy: str, balance_threshold: 
 
 
 def deployment_fingerprint(vllm_config: Any) -> dict:
-    """The CPP profile cache's fingerprint of the engine, read without touching the device."""
-    from vllm_ascend.core.cpp_profile_store import fingerprint_for
+    """The engine's deployment fingerprint (CPP's profile cache's too), read without touching the device."""
+    from vllm_ascend.deployment import fingerprint_for
 
     return fingerprint_for(vllm_config)
 

@@ -189,7 +189,8 @@ def seed_profile_cache(profile: Path, vllm_config: Any, cache_dir: str) -> None:
     """Put ``profile``'s samples (a profile an engine saved) in ``cache_dir`` under this twin engine's
     fingerprint, so ours starts from them as a restarted server does: the same samples, judged by the
     same acceptance, give the twin's run the engine's latency model (granule included)."""
-    from vllm_ascend.core.cpp_profile_store import cache_file, fingerprint_for, save_profile
+    from vllm_ascend.core.cpp_profile_store import cache_file, save_profile
+    from vllm_ascend.deployment import fingerprint_for
 
     data = json.loads(profile.read_text())
     fingerprint = fingerprint_for(vllm_config)

@@ -1,0 +1,105 @@
+"""The identity of a deployment: what a measurement made on it must match to be reused.
+
+Start-up measurements (CPP's latency profile, dual stream's probes) are cached across
+restarts and keyed by the engine they were measured on: model, dtype, quantisation, TP/PP
+sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN.
+``fingerprint_for`` reads them from a ``VllmConfig`` without touching the device (the
+engine-core process has none); ``make_fingerprint`` builds one from values (JSON-safe).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from typing import Any
+
+__all__ = ["fingerprint_for", "make_fingerprint"]
+
+
+def make_fingerprint(
+    *,
+    model: str,
+    dtype: str,
+    quantization: str | None,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+    max_num_batched_tokens: int,
+    block_size: int,
+    vllm_version: str,
+    vllm_ascend_version: str,
+    device_name: str,
+    cann_version: str | None = None,
+) -> dict:
+    """What a cached profile must match to be reused (JSON-safe values)."""
+    return {
+        "model": str(model),
+        "dtype": str(dtype),
+        "quantization": None if quantization is None else str(quantization),
+        "tensor_parallel_size": int(tensor_parallel_size),
+        "pipeline_parallel_size": int(pipeline_parallel_size),
+        "max_num_batched_tokens": int(max_num_batched_tokens),
+        "block_size": int(block_size),
+        "vllm_version": str(vllm_version),
+        "vllm_ascend_version": str(vllm_ascend_version),
+        "device_name": str(device_name),
+        "cann_version": None if cann_version is None else str(cann_version),
+    }
+
+
+def _ascend_version() -> str:
+    """This build's vllm-ascend version: the patch set's, where it is one, else the installed package's."""
+    try:
+        from vllm_ascend import patchset
+
+        return patchset.PATCHSET_VERSION
+    except ImportError:
+        pass
+    try:
+        return importlib.metadata.version("vllm_ascend")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def fingerprint_for(vllm_config: Any) -> dict:
+    """The fingerprint of an engine's configuration, read without touching the device."""
+    model_config = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    try:
+        import vllm
+
+        vllm_version = vllm.__version__
+    except Exception:  # pragma: no cover - vLLM is always there in the engine
+        vllm_version = "unknown"
+    device_name, cann_version = _device_identity()
+    return make_fingerprint(
+        model=str(model_config.model),
+        dtype=str(model_config.dtype),
+        quantization=getattr(model_config, "quantization", None),
+        tensor_parallel_size=parallel.tensor_parallel_size,
+        pipeline_parallel_size=parallel.pipeline_parallel_size,
+        max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
+        block_size=vllm_config.cache_config.block_size,
+        vllm_version=vllm_version,
+        vllm_ascend_version=_ascend_version(),
+        device_name=device_name,
+        cann_version=cann_version,
+    )
+
+
+def _device_identity() -> tuple[str, str | None]:
+    """Device kind and CANN install, read without touching the NPU from the engine-core process.
+
+    The SoC comes from the wheel's build info; the CANN version from the real path of the
+    toolkit folder (``.../ascend-toolkit/8.x.y`` behind a ``latest`` link).
+    """
+    device_name = "unknown"
+    try:
+        import vllm_ascend._build_info as build_info  # written when the wheel is built
+        from vllm_ascend.utils import get_ascend_device_type
+
+        soc = getattr(build_info, "__soc_version__", None)
+        device_name = f"{get_ascend_device_type().name}/{soc}" if soc else get_ascend_device_type().name
+    except Exception:
+        pass
+    toolkit = os.environ.get("ASCEND_HOME_PATH") or os.environ.get("ASCEND_TOOLKIT_HOME")
+    return device_name, os.path.realpath(toolkit) if toolkit else None

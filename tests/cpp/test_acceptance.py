@@ -190,7 +190,7 @@ def test_a_wave_between_profiled_sizes_is_placed_by_bisecting_its_segment(span, 
     first, verdict, runs = located_profile(truth, noise=0.03, seed=seed)
     # (2800: the second wave, 5600, falls between 4096 and 6144, a flat segment above it: a step too)
     assert [(first.chunk_tokens[i], first.chunk_tokens[i + 1]) for i in first.steps][:1] == [(2048, 3072)]
-    assert 0 < len(runs) <= LOCATE_RUNS and all(2048 < c < 3072 and h == 0 for c, h in runs[:5])
+    assert 0 < len(runs) <= LOCATE_RUNS and all(2048 < c < 3072 and h == 0 for c, h in runs[:4])
     model = verdict.model
     lower, upper = model.chunk_tokens[model.steps[0]], model.chunk_tokens[model.steps[0] + 1]
     assert span - LOCATE_TOKENS < lower <= span and upper == 3072
@@ -204,6 +204,34 @@ def test_a_wave_between_profiled_sizes_is_placed_by_bisecting_its_segment(span, 
     rule = ChunkRule(model, LIMITS, 4)
     plan = rule.plan_target([(0, 32_768)])
     assert all(not lower < rule.chunk_alone(h, plan, model.fixed_ms) < 3072 for h in range(0, 32_768, 1024))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_placed_waves_multiples_between_profiled_sizes_are_steps_too(seed):
+    """Waves every 2560 tokens: the grid marks only 2048-3072 (the segments around 5120 and 7680
+    hold a jump each, like growth that steepens); a run at each multiple and one just past it
+    make them steps, so a chunk of two or three whole waves is offered at its own time."""
+    truth = Waves(2560)
+    _, verdict, runs = located_profile(truth, noise=0.03, seed=seed)
+    model = verdict.model
+    steps = [(model.chunk_tokens[i], model.chunk_tokens[i + 1]) for i in model.steps]
+    assert steps == [(2560, 3072), (5120, 6144), (7680, 8192)] and len(runs) <= LOCATE_RUNS
+    for lower, upper in steps:
+        assert model.time_ms(lower, 0) == pytest.approx(truth.time_ms(lower, 0), rel=0.1)
+        assert model.time_ms(lower + 1, 32_768) == model.time_ms(upper, 32_768)
+    rule = ChunkRule(model, LIMITS, 2)
+    plan = rule.plan_target([(0, 131_072)])
+    chunks = {int(rule.chunk_alone(h, plan, model.fixed_ms)) for h in range(0, 131_072, 2048)}
+    assert not [c for c in chunks for lower, upper in steps if lower < c < upper]
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE, BENT])
+def test_two_runs_close_together_on_smooth_growth_make_no_step(truth):
+    """A pair of sizes 64 tokens apart inside a segment holds a small share of its growth."""
+    samples = start_up_samples(truth, noise=0.0)
+    pairs = [(c, 0, truth.time_ms(c, 0)) for c in (2560, 2624, 5120, 5184, 7680, 7744)]
+    model = verdict_on(samples + pairs).model
+    assert model.steps == () and model.chunk_tokens == verdict_on(samples).model.chunk_tokens
 
 
 @pytest.mark.parametrize("span", [3072, 6144])

@@ -7,13 +7,15 @@ import warnings
 
 import numpy as np
 import pytest
-from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, measured_model
+from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, Waves, measured_model, start_up_samples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rule_cases import draw_position, rules
+from vllm_ascend.core.cpp_acceptance import judge
 from vllm_ascend.core.cpp_chunk_check import pipeline_done_ms
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_planner import plan_target, predicted_ttft_ms, target_bounds
+from vllm_ascend.core.cpp_profiling import locate_runs
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -135,6 +137,34 @@ def test_on_tiles_no_constant_chunk_beats_the_plan_in_the_pipeline(truth, base_t
         pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, efficient.capped(size), size)) for size in sizes
     )
     assert planned_ms <= 1.005 * constant_ms, f"planned {planned_ms:.1f} ms, best constant chunk {constant_ms:.1f} ms"
+
+
+@pytest.mark.parametrize(("prompt_tokens", "num_stages"), [(32_768, 2), (32_768, 4), (131_072, 2)])
+def test_on_waves_no_chunk_of_whole_waves_beats_the_plan_in_the_pipeline(prompt_tokens, num_stages):
+    """Waves of 100 ms every 2560 tokens over a 40 ms step cost: two or three whole waves amortise it
+    best, and between them a chunk pays a wave for a few tokens. The plan, on the profile with
+    its steps placed, must not lose to a constant chunk of whole waves."""
+    truth = Waves(2560, fixed_ms=40.0, wave_ms=100.0)
+    # A deployment whose context is the prompt: the profile's history reaches three quarters of it.
+    limits, history = ChunkLimits(8192, prompt_tokens), prompt_tokens * 3 // 4
+    samples = start_up_samples(truth, noise=0.0, max_history_tokens=history)
+    first = judge(samples, limits, num_stages, max_history_tokens=history, last_round=True)
+    located = locate_runs(lambda chunk, history: truth.time_ms(chunk, history), first.model, repeats=2)
+    verdict = judge(samples + located, limits, num_stages, max_history_tokens=history, last_round=True)
+    rule = ChunkRule(verdict.model, limits, num_stages)
+    assert verdict.model.step_lowers() == [2560, 5120, 7680]
+
+    def pipeline_ttft_ms(plan):
+        times_ms = [truth.time_ms(c, h) for c, h, _ in chunk_times(rule, plan, 0, prompt_tokens)]
+        return pipeline_done_ms(times_ms, num_stages)[-1]
+
+    planned_ms = pipeline_ttft_ms(rule.plan_target([(0, prompt_tokens)]))
+    efficient = rule.efficient_chunks()
+    constant_ms = min(
+        pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, efficient.capped(size), size))
+        for size in (2560, 5120, 7680)
+    )
+    assert planned_ms <= 1.005 * constant_ms, f"planned {planned_ms:.1f} ms, best whole waves {constant_ms:.1f} ms"
 
 
 # ---------------------------------------------------------------- bounds

@@ -70,6 +70,8 @@ TILE_CANDIDATES = (64, 128, 256, 512)  # tile sizes the profile probes
 STEP_TOKENS = 12  # a tile step costs more than this many tokens' smooth share of the time
 STEP_EXCESS = 0.30  # a segment of the ladder is a step when it grows 30% beyond its neighbours' laws ...
 STEP_FLATNESS = 0.25  # ... and they grow at most a quarter as fast as it (flat on either side of the jump)
+LOCATE_TOKENS = 64  # a step's jump is placed to within this many tokens (the optimum's grid)
+PAIR_SHARE = 0.5  # two sizes that close hold a jump when at least half the segment's growth lies between them
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,19 @@ def flat_side(low_ms: float, high_ms: float, median_ms: float) -> bool:
     return median_ms * median_ms < low_ms * high_ms
 
 
-def locate_steps(model: LatencyModel, points: Sequence[Point], steps: Sequence[int]) -> LatencyModel:
+def _pair_jumps(flat: Point, past: Point, low_ms: float, high_ms: float, scatter: float) -> bool:
+    """Whether two sizes measured within ``LOCATE_TOKENS`` of each other inside a segment hold most of
+    its growth between them (beyond ``FALL_SIGMAS`` standard errors): a jump, not smooth growth."""
+    if past.chunk_tokens - flat.chunk_tokens > LOCATE_TOKENS:
+        return False
+    jump = math.log(past.median_ms / flat.median_ms)
+    noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(flat.repeats) + _median_variance(past.repeats))
+    return jump > max(noise, PAIR_SHARE * math.log(high_ms / low_ms))
+
+
+def locate_steps(
+    model: LatencyModel, points: Sequence[Point], steps: Sequence[int], scatter: float = 0.0
+) -> LatencyModel:
     """``model`` with ``steps``, each jump placed after the largest size measured on its flat side.
 
     The grid puts a jump somewhere in a step's segment (a, b); sizes measured inside it without
@@ -226,21 +240,28 @@ def locate_steps(model: LatencyModel, points: Sequence[Point], steps: Sequence[i
     jump comes after the largest one below the smallest that is past it (``flat_side``), and
     chunks up to that size cost what was measured there, not b's time. That size becomes a
     node, its time at each history the time measured without history plus what history adds
-    (read between a and b, where the jump does not show), kept between a's and b's.
+    (read between a and b, where the jump does not show), kept between a's and b's. A
+    segment the grid did not mark holds a step too where two sizes measured close together
+    inside it hold most of its growth (``_pair_jumps``: the profile measures each side of
+    where a located wave's multiples fall).
     """
-    zero = {p.chunk_tokens: p.median_ms for p in points if p.history_tokens == 0}
+    zero = {p.chunk_tokens: p for p in points if p.history_tokens == 0}
     nodes, rows = list(model.chunk_tokens), [list(row) for row in model.step_ms]
     located = set(steps)
-    for i in sorted(steps, reverse=True):  # from the top: an insertion moves only the segments above it
+    for i in reversed(range(len(nodes) - 1)):  # from the top: an insertion moves only the segments above it
         a, b = nodes[i], nodes[i + 1]
         low_ms, high_ms = rows[0][i], rows[0][i + 1]
         inside = sorted(c for c in zero if a < c < b)
-        past = [c for c in inside if not flat_side(low_ms, high_ms, zero[c])]
+        past = [c for c in inside if not flat_side(low_ms, high_ms, zero[c].median_ms)]
         flat = [c for c in inside if c < (past[0] if past else b)]
+        if i not in located:  # a jump the grid could not tell from growth: a pair of runs across it
+            if not (flat and past and _pair_jumps(zero[flat[-1]], zero[past[0]], low_ms, high_ms, scatter)):
+                continue
+            located.add(i)
         if not flat:
             continue
         size, share = flat[-1], (flat[-1] - a) / (b - a)
-        size_ms = min(max(zero[size], low_ms), high_ms)
+        size_ms = min(max(zero[size].median_ms, low_ms), high_ms)
         for row in rows:
             added = row[i] - rows[0][i] + share * ((row[i + 1] - high_ms) - (row[i] - low_ms))
             row.insert(i + 1, min(max(size_ms + added, row[i]), row[i + 1]))
@@ -318,8 +339,7 @@ def judge(
     if granule > 1:
         note = f"; time steps every {granule} tokens: chunks are multiples of it{note}"
     steps = detect_steps(model, points, scatter)
-    if steps:
-        model = locate_steps(model, all_points, steps)
+    model = locate_steps(model, all_points, steps, scatter)
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
     tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
@@ -339,7 +359,7 @@ def judge(
             round_points, _ = group_points(samples_of_round)
             try:
                 round_model = LatencyModel.from_points(grid_part(round_points))
-                round_rule = judged.with_model(locate_steps(round_model, all_points, steps) if steps else round_model)
+                round_rule = judged.with_model(locate_steps(round_model, all_points, steps, scatter))
             except FitError:
                 continue
             loss = max(loss, schedule_ttft_ms(round_rule, model, prompt_tokens) / own_ms - 1.0)

@@ -139,7 +139,12 @@ def refine_for_few_chunks(
 
 
 def constant_chunk_if_better(
-    rule: ChunkRule, held: Sequence[tuple[int, int]], plan: Plan, high: float, inflight_ms: float
+    rule: ChunkRule,
+    held: Sequence[tuple[int, int]],
+    plan: Plan,
+    high: float,
+    inflight_ms: float,
+    also: Sequence[int] = (),
 ) -> Plan:
     """On tiles, the plan, or a constant chunk of a size its schedule uses if that is faster chunk by chunk.
 
@@ -147,10 +152,11 @@ def constant_chunk_if_better(
     a time, and each step down makes a batch shorter than the one P places before it, which
     cannot start earlier (at most P in flight): the stages idle. A constant chunk's batches
     only grow, for more batches' fixed cost. Of the sizes the first prefill's schedule uses,
-    at most ``_CONSTANT_SIZES`` spread over them and the neighbours of the best are run."""
+    at most ``_CONSTANT_SIZES`` spread over them and the neighbours of the best are run, and
+    every size of ``also`` (a step's lower size: whole waves, which a shrinking chunk leaves)."""
     first_history, first_remaining = held[0]
     steps = prefill_steps(rule, plan, first_history, first_remaining, _CONSTANT_MAX_CHUNKS)
-    sizes = sorted({chunk for chunk, _ in steps[:-1]})  # (the last chunk is the prompt's tail)
+    sizes = sorted({chunk for chunk, _ in steps[:-1]} | {int(size) for size in also})  # (not the prompt's tail)
     if not sizes:
         return plan
     costs: dict[int, float] = {}
@@ -164,7 +170,7 @@ def constant_chunk_if_better(
         return costs[index]
 
     spread = np.unique(np.linspace(0, len(sizes) - 1, min(len(sizes), _CONSTANT_SIZES)).round().astype(int))
-    best = min(spread.tolist(), key=cost_of)
+    best = min([*spread.tolist(), *[sizes.index(int(size)) for size in also]], key=cost_of)
     best = min([best, *[i for i in (best - 1, best + 1) if 0 <= i < len(sizes)]], key=cost_of)
     if cost_of(best) >= exact_cost(rule, held, plan, inflight_ms, _CONSTANT_MAX_CHUNKS)[0]:
         return plan

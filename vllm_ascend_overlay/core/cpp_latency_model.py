@@ -328,6 +328,10 @@ class LatencyModel:
         times = np.where(histories > levels[-1], column[-1] + slope * (histories - levels[-1]), inside)
         return np.maximum(0.0, times - self.fixed_ms)
 
+    def step_lowers(self) -> list[int]:
+        """The sizes right before each step: a chunk one token larger costs the next size's time."""
+        return [self.chunk_tokens[i] for i in self.steps]
+
     # ---------------------------------------------------------------- description
     @property
     def max_history_tokens(self) -> int:

@@ -28,7 +28,10 @@ token of the prefills the scheduler holds, given P stages:
    steps, where the best target lies. On a device with tile steps (a granule) the plan is
    also weighed, the same way, against constant chunks of the sizes its schedule uses: a
    chunk that shrinks a tile at a time makes batches shorter than the ones P places before
-   them, and the stages idle (core/cpp_chunk_check.py).
+   them, and the stages idle (core/cpp_chunk_check.py). Where the model has steps (waves of
+   tiles over the cores), constant chunks of each step's lower size (whole waves) are
+   weighed too: the integral over the prompt cannot see that a chunk shrinking with the
+   history leaves whole waves for a share of a wave's tokens.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
@@ -158,8 +161,9 @@ def plan_target(
     best = int(np.argmin(costs))
     if not decoding and not queued[0]:  # (the chunk-by-chunk check sees the held prefills alone)
         target = refine_for_few_chunks(rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient)
-        if rule.limits.granule_tokens > 1:
-            return constant_chunk_if_better(rule, held, Plan(target, fixed_ms, efficient), high, inflight_ms)
+        lowers = [c for c in model.step_lowers() if c <= rule.limits.cap_tokens]
+        if rule.limits.granule_tokens > 1 or lowers:
+            return constant_chunk_if_better(rule, held, Plan(target, fixed_ms, efficient), high, inflight_ms, lowers)
         return Plan(target, fixed_ms, efficient)
     # Decodes ride in these batches and wait for each one: take the shortest batch whose
     # predicted mean TTFT is within DECODE_SLACK of the best target's.

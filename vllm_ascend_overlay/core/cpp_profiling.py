@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES, Verdict, flat_side, judge
+from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verdict, flat_side, judge
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
@@ -68,7 +68,6 @@ SMALLEST_LADDER_CHUNK = 32
 PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
 CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use
 LOCATE_RUNS = 8  # runs at most to place steps' jumps (the default profile stays within 218 runs)
-LOCATE_TOKENS = 32  # ... to within this many tokens
 LOCATE_UNSURE = 2.0  # a size within this many scatters of a jump's middle is measured once more
 
 MeasureFn = Callable[[int, int], float]
@@ -176,11 +175,15 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     ``locate_steps`` applies to the samples), measured again, up to ``repeats`` times, when
     it is within ``LOCATE_UNSURE`` scatters of the jump's middle. At most ``LOCATE_RUNS``
     runs in all, to within ``LOCATE_TOKENS`` tokens; a jump left unplaced stays after the
-    lower size (the conservative reading).
+    lower size (the conservative reading). A wave placed inside its segment recurs at its
+    multiples (the same tiles over the same cores); where one falls between profiled sizes,
+    a run at it and one ``LOCATE_TOKENS`` past it tell whether time jumps there, which the
+    grid cannot tell from growth where the segments beside it hold jumps too.
     """
     samples: list = []
     nodes, row = model.chunk_tokens, model.step_ms[0]
     unsure = math.log1p(LOCATE_UNSURE * model.scatter)
+    period = 0
     for i in model.steps:
         flat, past = nodes[i], nodes[i + 1]
         middle_ms = math.sqrt(row[i] * row[i + 1])
@@ -198,6 +201,13 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
                 flat = size
             else:
                 past = size
+        period = period or (flat if flat > nodes[i] else 0)
+    bisected = [(nodes[i], nodes[i + 1]) for i in model.steps]
+    for size in range(2 * period, nodes[-1] - LOCATE_TOKENS, period) if period else range(0):
+        if len(samples) + 2 > LOCATE_RUNS:
+            break
+        if not {size, size + LOCATE_TOKENS} & set(nodes) and not any(a < size < b for a, b in bisected):
+            samples += [(c, 0, measure(c, 0)) for c in (size, size + LOCATE_TOKENS)]
     return samples
 
 

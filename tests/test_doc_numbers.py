@@ -123,6 +123,20 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", "a latency outside a microsecond to hours")
 
 
+def test_the_cpp_docs_step_placing_is_the_codes():
+    a, p, d = cpp_acceptance, cpp_profiling, parse_cpp_config({})
+    _, _, _, runs = profile_runs(8192, d.profile_points, d.profile_repeats, d.profile_history_points)
+    says("docs/cpp.md", f"{runs} runs after the {p.WARMUP_RUNS} warm-up runs, and up to {p.LOCATE_RUNS} more")
+    says("docs/cpp.md", f"to within {a.LOCATE_TOKENS} tokens, the optimum's grid")
+    says("docs/cpp.md", f"a run within {WORDS[int(p.LOCATE_UNSURE)]} scatters of it is measured once more")
+    says("docs/cpp.md", f"a run at it and one {a.LOCATE_TOKENS} tokens past it")
+    says("docs/cpp.md", f"a step when at least {SHARES[a.PAIR_SHARE]} of that segment's growth")
+    says(
+        "docs/cpp.md",
+        f"All of this takes at most {p.LOCATE_RUNS} runs, so the default profile stays within {runs + p.LOCATE_RUNS}",
+    )
+
+
 def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
     """scripts/bench/cpp_sched_overhead.py: its default decodes, and the long prompt it adds every so many steps."""
     tree = parse_file(BENCH_DIR / "cpp_sched_overhead.py")

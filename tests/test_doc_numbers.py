@@ -131,6 +131,7 @@ def test_the_cpp_docs_step_placing_is_the_codes():
     says("docs/cpp.md", f"a run within {WORDS[int(p.LOCATE_UNSURE)]} scatters of it is measured once more")
     says("docs/cpp.md", f"a run at it and one {a.LOCATE_TOKENS} tokens past it")
     says("docs/cpp.md", f"a step when at least {SHARES[a.PAIR_SHARE]} of that segment's growth")
+    says("docs/cpp.md", f"one token past twice it, {p.PROBE_REPEATS} times each")
     says(
         "docs/cpp.md",
         f"All of this takes at most {p.LOCATE_RUNS} runs, so the default profile stays within {runs + p.LOCATE_RUNS}",

@@ -3,6 +3,8 @@ fixed chunk."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pytest
 from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, start_up_samples
@@ -232,6 +234,30 @@ def test_two_runs_close_together_on_smooth_growth_make_no_step(truth):
     pairs = [(c, 0, truth.time_ms(c, 0)) for c in (2560, 2624, 5120, 5184, 7680, 7744)]
     model = verdict_on(samples + pairs).model
     assert model.steps == () and model.chunk_tokens == verdict_on(samples).model.chunk_tokens
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_tile_the_probe_does_not_try_is_found_from_a_step_of_the_grid(seed):
+    """96-token tiles: the probe tries 64 to 512 by powers of two, and none steps; the grid's step
+    right after 96 makes the profile measure one token past 96 and past 192, and both jump."""
+    first, verdict, runs = located_profile(Tiles(96, fixed_ms=2.0, token_ms=0.02), noise=0.03, seed=seed)
+    assert [first.chunk_tokens[i] for i in first.steps][:1] == [96]
+    assert sorted(set(runs)) == [(97, 0), (193, 0)] and len(runs) <= LOCATE_RUNS
+    assert verdict.granule_tokens == 96
+
+
+@dataclass(frozen=True)
+class Switch:
+    """A kernel that switches once, past 96 tokens: a step of the grid that does not recur."""
+
+    def time_ms(self, chunk_tokens, history_tokens):
+        return 2.0 + 0.004 * chunk_tokens + (2.0 if chunk_tokens > 96 else 0.0) + 3e-7 * chunk_tokens * history_tokens
+
+
+def test_a_single_switch_after_a_small_size_is_no_tile():
+    first, verdict, runs = located_profile(Switch(), noise=0.02, seed=0)
+    assert [first.chunk_tokens[i] for i in first.steps][:1] == [96] and (97, 0) in runs
+    assert verdict.granule_tokens == 1
 
 
 @pytest.mark.parametrize("span", [3072, 6144])

@@ -156,24 +156,35 @@ def _median_variance(repeats: int) -> float:
 def detect_granule(points: Sequence[Point], scatter: float) -> int:
     """The tile the profile's probe saw time step at (1: none); see the module docstring."""
     without_history = {p.chunk_tokens: p for p in points if p.history_tokens == 0}
-    sizes = sorted(without_history)
     for tile in sorted(TILE_CANDIDATES):
-        boundaries = [c for c in sizes if c % tile == 0 and (c // tile) % 2 == 1 and c + 1 in without_history]
-        if not boundaries:
-            continue
-        low, high = without_history[boundaries[0]], without_history[boundaries[0] + 1]
-        jump = high.median_ms / low.median_ms - 1.0
-        # The smooth growth a step must beat: STEP_TOKENS tokens at the steeper of the slopes from the
-        # measured size below S and up to the one above S + 1 (a step shows only in the one above).
-        below = [c for c in sizes if c < low.chunk_tokens][-1:]
-        above = [c for c in sizes if c > high.chunk_tokens][:1]
-        slopes = [(low.median_ms - without_history[c].median_ms) / (low.chunk_tokens - c) for c in below]
-        slopes += [(without_history[c].median_ms - low.median_ms) / (c - low.chunk_tokens) for c in above]
-        smooth = STEP_TOKENS * max(slopes) / low.median_ms if slopes else STEP_TOKENS / low.chunk_tokens
-        noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
-        if jump > max(noise, smooth):
+        boundaries = [c for c in sorted(without_history) if c % tile == 0 and (c // tile) % 2 == 1]
+        boundaries = [c for c in boundaries if c + 1 in without_history]
+        if boundaries and _jumps_after(without_history, boundaries[0], scatter):
             return tile
+    # A step of the grid right after a smaller size than the probe tries is that size's tile when
+    # time jumps one token past it and one token past twice it (the profile measures both there).
+    for tile in sorted(c for c in without_history if c <= max(TILE_CANDIDATES) and c not in TILE_CANDIDATES):
+        pairs = [(b, b + 1) for b in (tile, 2 * tile)]
+        if all(b in without_history and past in without_history for b, past in pairs):
+            if all(_jumps_after(without_history, b, scatter) for b, _ in pairs):
+                return tile
     return 1
+
+
+def _jumps_after(without_history: dict[int, Point], size: int, scatter: float) -> bool:
+    """Whether one token past ``size`` costs a tile's step: beyond the noise and the smooth growth."""
+    sizes = sorted(without_history)
+    low, high = without_history[size], without_history[size + 1]
+    jump = high.median_ms / low.median_ms - 1.0
+    # The smooth growth a step must beat: STEP_TOKENS tokens at the steeper of the slopes from the
+    # measured size below S and up to the one above S + 1 (a step shows only in the one above).
+    below = [c for c in sizes if c < low.chunk_tokens][-1:]
+    above = [c for c in sizes if c > high.chunk_tokens][:1]
+    slopes = [(low.median_ms - without_history[c].median_ms) / (low.chunk_tokens - c) for c in below]
+    slopes += [(without_history[c].median_ms - low.median_ms) / (c - low.chunk_tokens) for c in above]
+    smooth = STEP_TOKENS * max(slopes) / low.median_ms if slopes else STEP_TOKENS / low.chunk_tokens
+    noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
+    return jump > max(noise, smooth)
 
 
 def detect_steps(model: LatencyModel, points: Sequence[Point], scatter: float) -> tuple[int, ...]:

@@ -169,6 +169,10 @@ def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup:
 def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     """Runs that place each step's jump (``model.steps``, lowest first): a bisection of its segment.
 
+    A step right after a size smaller than the tile probe tries (96 tokens) may be that
+    size's tile: one token past it and past twice it are measured ``PROBE_REPEATS`` times
+    each, and the judgement takes it as the granule when time jumps at both.
+
     Between a step's two profiled sizes the jump may lie anywhere (a wave of tiles over 20
     cores every 2560 tokens falls between 2048 and 3072): each run without history at the
     middle of what is left tells on which side of it the jump is (``flat_side``, the rule
@@ -184,6 +188,11 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     nodes, row = model.chunk_tokens, model.step_ms[0]
     unsure = math.log1p(LOCATE_UNSURE * model.scatter)
     period = 0
+    for i in model.steps:  # a step right after a size smaller than the probe tries may be its tile
+        tile = nodes[i]
+        if tile < max(TILE_CANDIDATES) and tile not in TILE_CANDIDATES and 2 * tile in nodes:
+            if len(samples) + 2 * PROBE_REPEATS <= LOCATE_RUNS:
+                samples += [(c, 0, measure(c, 0)) for c in (tile + 1, 2 * tile + 1) * PROBE_REPEATS]
     for i in model.steps:
         flat, past = nodes[i], nodes[i + 1]
         middle_ms = math.sqrt(row[i] * row[i + 1])

@@ -237,18 +237,15 @@ def _needs(changes: Sequence[Change], assembly: Assembly) -> dict[int, set[int]]
                 for j, module_path in owners_of(target, names):
                     if j == i or ((target, names) in old_imports and not changes[j].overlay):
                         continue  # an import this file already had, of a module a patch changes: same API
-                    if changes[j].feature != change.feature and not changes[j].overlay and names:
-                        # Another feature's patch to a module is needed only for the names it adds or redefines.
-                        before, after = changes[j].before[module_path], changes[j].after[module_path]
+                    other, patch = changes[j].feature != change.feature, not changes[j].overlay
+                    if rank[changes[j].feature] > rank[change.feature] or (other and patch and names):
+                        # Another feature's change to a module is needed only for the names it adds (a
+                        # later feature's), or adds or redefines (a patch, of an earlier one too).
+                        before = changes[j].before[module_path]
                         package_dir = assembly.root / module_path.removesuffix("__init__.py")
                         if before is not None and not missing_names(before, package_dir, names):
-                            if not set(names) & redefined_names(before, after):
+                            if not patch or not set(names) & redefined_names(before, changes[j].after[module_path]):
                                 continue
-                    elif rank[changes[j].feature] > rank[change.feature]:  # a later feature's new module:
-                        before = changes[j].before[module_path]  # needed only for what it adds
-                        package_dir = assembly.root / module_path.removesuffix("__init__.py")
-                        if before is not None and not missing_names(before, package_dir, names):
-                            continue
                     needs[i].add(j)  # this change uses what change j adds
             upstream = _read(assembly.pristine / path)
             for target, names in old_imports & (import_statements(upstream, path) if upstream else set()):

@@ -61,6 +61,7 @@ __all__ = [
     "locate_steps",
     "reference_prompt_tokens",
     "schedule_ttft_ms",
+    "untried_tile",
 ]
 
 FALL_SIGMAS = 4.0  # a fall beyond this many sigmas of the repeat scatter is not noise
@@ -163,12 +164,17 @@ def detect_granule(points: Sequence[Point], scatter: float) -> int:
             return tile
     # A step of the grid right after a smaller size than the probe tries is that size's tile when
     # time jumps one token past it and one token past twice it (the profile measures both there).
-    for tile in sorted(c for c in without_history if c <= max(TILE_CANDIDATES) and c not in TILE_CANDIDATES):
+    for tile in sorted(c for c in without_history if untried_tile(c)):
         pairs = [(b, b + 1) for b in (tile, 2 * tile)]
         if all(b in without_history and past in without_history for b, past in pairs):
             if all(_jumps_after(without_history, b, scatter) for b, _ in pairs):
                 return tile
     return 1
+
+
+def untried_tile(size: int) -> bool:
+    """Whether ``size`` could be a tile the probe does not try: smaller than its largest, not one of them."""
+    return size < max(TILE_CANDIDATES) and size not in TILE_CANDIDATES
 
 
 def _jumps_after(without_history: dict[int, Point], size: int, scatter: float) -> bool:

@@ -173,7 +173,7 @@ class ChunkRule:
         low, high = float(limits.floor_tokens), float(limits.cap_tokens)
         chunks = np.geomspace(low, max(low, high), _EFFICIENT_CHUNKS).round()
         # And each step's lower size (the end of a wave): the cheapest per token near it, on no grid.
-        before_steps = np.array([model.chunk_tokens[i] for i in model.steps], dtype=np.float64)
+        before_steps = np.array(model.step_lowers(), dtype=np.float64)
         chunks = np.unique(np.concatenate([chunks, before_steps[(before_steps >= low) & (before_steps <= high)]]))
         if limits.granule_tokens > 1:
             granule = limits.granule_tokens

@@ -52,7 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verdict, flat_side, judge
+from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verdict, flat_side, judge, untried_tile
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
@@ -190,9 +190,8 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     period = 0
     for i in model.steps:  # a step right after a size smaller than the probe tries may be its tile
         tile = nodes[i]
-        if tile < max(TILE_CANDIDATES) and tile not in TILE_CANDIDATES and 2 * tile in nodes:
-            if len(samples) + 2 * PROBE_REPEATS <= LOCATE_RUNS:
-                samples += [(c, 0, measure(c, 0)) for c in (tile + 1, 2 * tile + 1) * PROBE_REPEATS]
+        if untried_tile(tile) and 2 * tile in nodes and len(samples) + 2 * PROBE_REPEATS <= LOCATE_RUNS:
+            samples += [(c, 0, measure(c, 0)) for c in (tile + 1, 2 * tile + 1) * PROBE_REPEATS]
     for i in model.steps:
         flat, past = nodes[i], nodes[i + 1]
         middle_ms = math.sqrt(row[i] * row[i + 1])

@@ -167,6 +167,32 @@ def test_on_waves_no_chunk_of_whole_waves_beats_the_plan_in_the_pipeline(prompt_
     assert planned_ms <= 1.005 * constant_ms, f"planned {planned_ms:.1f} ms, best whole waves {constant_ms:.1f} ms"
 
 
+@pytest.mark.parametrize("num_stages", [2, 4])
+def test_the_plan_adds_no_last_chunk_that_costs_a_whole_wave(num_stages):
+    """Waves wider than the cap (3072 tokens against a 2048-token base), flat within: every chunk up to the cap
+    costs a whole wave, so chunks that shrink with the history add a 65th, short one to a
+    128k prompt that pays a wave for a few hundred tokens. The integral over the prompt counts
+    chunks continuously and cannot see it; the plan must not lose to the constant base chunk."""
+    truth = Waves(3072, fixed_ms=40.0, wave_ms=150.0, token_ms=0.0)  # flat within a wave
+    prompt_tokens = 131_072
+    limits, history = ChunkLimits(2048, prompt_tokens), prompt_tokens * 3 // 4
+    samples = start_up_samples(truth, noise=0.0, max_history_tokens=history)
+    rule = ChunkRule(
+        judge(samples, limits, num_stages, max_history_tokens=history, last_round=True).model, limits, num_stages
+    )
+
+    def pipeline_ttft_ms(plan):
+        times_ms = [truth.time_ms(c, h) for c, h, _ in chunk_times(rule, plan, 0, prompt_tokens)]
+        return pipeline_done_ms(times_ms, num_stages)[-1], len(times_ms)
+
+    planned_ms, planned_chunks = pipeline_ttft_ms(rule.plan_target([(0, prompt_tokens)]))
+    constant_ms, constant_chunks = pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, rule.efficient_chunks(), 2048))
+    assert constant_chunks == 64
+    assert (
+        planned_ms <= 1.001 * constant_ms
+    ), f"planned {planned_ms:.1f} ms in {planned_chunks} chunks, constant 2048 {constant_ms:.1f} ms in 64"
+
+
 # ---------------------------------------------------------------- bounds
 @PROPERTIES
 @given(st.data())

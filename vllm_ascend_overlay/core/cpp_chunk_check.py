@@ -14,7 +14,9 @@ engine runs them:
   batch shorter than the one P places before it; that batch cannot start earlier (at
   most P in flight), so the stages idle. A constant chunk's batches only grow, for more
   batches' fixed cost. The plan and constant chunks of the sizes its schedule uses are
-  compared.
+  compared. On any device, the plan and a constant chunk of the largest size it runs:
+  chunks that shrink with the history may add a last, short one that costs nearly a
+  full batch, which the planner's continuous chunk count does not see.
 
 Pure Python and numpy: no vLLM.
 """
@@ -145,6 +147,7 @@ def constant_chunk_if_better(
     high: float,
     inflight_ms: float,
     also: Sequence[int] = (),
+    spread: bool = True,
 ) -> Plan:
     """On tiles, the plan, or a constant chunk of a size its schedule uses if that is faster chunk by chunk.
 
@@ -153,10 +156,15 @@ def constant_chunk_if_better(
     cannot start earlier (at most P in flight): the stages idle. A constant chunk's batches
     only grow, for more batches' fixed cost. Of the sizes the first prefill's schedule uses,
     at most ``_CONSTANT_SIZES`` spread over them and the neighbours of the best are run, and
-    every size of ``also`` (a step's lower size: whole waves, which a shrinking chunk leaves)."""
+    every size of ``also`` (a step's lower size: whole waves, which a shrinking chunk leaves).
+    ``spread=False``: of the schedule's sizes, only the largest (no tiles: the shrinking
+    chunk's cost is its extra last chunk, not idle stages)."""
     first_history, first_remaining = held[0]
     steps = prefill_steps(rule, plan, first_history, first_remaining, _CONSTANT_MAX_CHUNKS)
-    sizes = sorted({chunk for chunk, _ in steps[:-1]} | {int(size) for size in also})  # (not the prompt's tail)
+    used = {chunk for chunk, _ in steps[:-1]}  # (not the prompt's tail)
+    if not spread:
+        used = {max(used)} if used else set()
+    sizes = sorted(used | {int(size) for size in also})
     if not sizes:
         return plan
     costs: dict[int, float] = {}

@@ -31,7 +31,12 @@ token of the prefills the scheduler holds, given P stages:
    them, and the stages idle (core/cpp_chunk_check.py). Where the model has steps (waves of
    tiles over the cores), constant chunks of each step's lower size (whole waves) are
    weighed too: the integral over the prompt cannot see that a chunk shrinking with the
-   history leaves whole waves for a share of a wave's tokens.
+   history leaves whole waves for a share of a wave's tokens. On any device the plan is
+   weighed against a constant chunk of the largest size it runs: the integral counts the
+   prompt's chunks as a continuous quantity, so it cannot see that shrinking chunks may
+   add a last one, which pays a whole batch's cost for a few tokens (one wave, where a
+   wave is wider than the cap). The size is one the plan itself runs, never a larger one
+   the model may know only from its continuation.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
@@ -162,9 +167,9 @@ def plan_target(
     if not decoding and not queued[0]:  # (the chunk-by-chunk check sees the held prefills alone)
         target = refine_for_few_chunks(rule, held, float(candidates[best]), low, high, fixed_ms, inflight_ms, efficient)
         lowers = [c for c in model.step_lowers() if c <= rule.limits.cap_tokens]
-        if rule.limits.granule_tokens > 1 or lowers:
-            return constant_chunk_if_better(rule, held, Plan(target, fixed_ms, efficient), high, inflight_ms, lowers)
-        return Plan(target, fixed_ms, efficient)
+        tiles = rule.limits.granule_tokens > 1 or bool(lowers)
+        plan = Plan(target, fixed_ms, efficient)
+        return constant_chunk_if_better(rule, held, plan, high, inflight_ms, lowers, spread=tiles)
     # Decodes ride in these batches and wait for each one: take the shortest batch whose
     # predicted mean TTFT is within DECODE_SLACK of the best target's.
     shorter = (candidates <= candidates[best]) & (costs <= costs[best] * (1.0 + DECODE_SLACK))

@@ -268,7 +268,9 @@ def test_prefix_cache_hit_is_charged_its_true_history(tmp_path, profiled):
     chunk = out.num_scheduled_tokens["hit"]
     plan = scheduler.cpp_plan
     assert chunk == rule.wanted_chunk(history_tokens, 500, plan) < 500
-    assert rule.wanted_chunk(0, 500, plan) > chunk  # charged at H=0 it would have taken more
+    charged_tokens, charged_history, charged_ms = scheduler.cpp_policy.budget.charged["hit"]
+    assert (charged_tokens, charged_history) == (chunk, 4096)  # its true history, not H = 0
+    assert charged_ms == rule.model.request_ms(chunk, 4096) > rule.model.request_ms(chunk, 0)
     assert rule.model.time_ms(chunk, history_tokens) <= plan.target_ms * (1 + TAIL_TOLERANCE)
 
 

@@ -16,7 +16,7 @@ BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
 BENCH_E2E_DS_ARGS ?=
 
-.PHONY: wheel wheels assemble test test-fast venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean help
+.PHONY: wheel wheels assemble test test-fast upstream-ut venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean help
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -36,6 +36,9 @@ test: venv assemble  ## every test (the README's and CI's command)
 
 test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled tree (tests/tiers.py), on two processes
 	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
+
+upstream-ut: venv assemble  ## upstream's CPU unit tests of the patched modules, with patches/tests/, on the assembled tree
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset upstream-ut $(TARGET_ARGS)
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/; AUTHOR='Name <mail>')
 	@test -z "$(UPSTREAM_SRC)" || test -n "$(TARGET)" || { echo "make diffs: UPSTREAM_SRC is read only with TARGET=<name> (patches/targets/); without it the series is for the pinned release and needs no checkout" >&2; exit 2; }

@@ -40,12 +40,14 @@ def cmd_wheel(args: argparse.Namespace) -> int:
 def cmd_diffs(args: argparse.Namespace) -> int:
     from .assemble import assemble
     from .diffs import write_diffs
+    from .upstream_ut import load_test_patches
 
     if args.target:
         return _target_diffs(args)
     pin = Pin.load()
     upstream = f"vllm-ascend {pin.git_tag} (commit {pin.git_commit})"
-    written = write_diffs(assemble(_target(args)), upstream=upstream, author=args.author)
+    tests = load_test_patches()  # upstream's unit tests, rewritten where the series replaces what they test
+    written = write_diffs(assemble(_target(args)), upstream=upstream, author=args.author, test_patches=tests)
     for feature, paths in written.items():
         print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
     return 0
@@ -115,6 +117,17 @@ def cmd_port(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def cmd_upstream_ut(args: argparse.Namespace) -> int:
+    from .paths import BUILD_DIR
+    from .upstream_ut import UT_PATHS, prepare, run
+
+    out = prepare(BUILD_DIR / "upstream-ut", _target(args))
+    result = run(out, tuple(args.paths) or UT_PATHS, ("-x",) if args.exitfirst else ())
+    sys.stdout.write(result.stdout[-20000:])
+    sys.stderr.write(result.stderr[-5000:])
+    return result.returncode
+
+
 def cmd_config_docs(args: argparse.Namespace) -> int:
     from .assemble import assemble
     from .config_docs import SECTIONS, section_class, write
@@ -156,6 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     sub.add_parser("ds-bench", help="dual stream against single stream on the CPU, TP = 2, emulated links (--help)")
+    p = sub.add_parser("upstream-ut", help="upstream's CPU unit tests, with patches/tests/, on the assembled tree")
+    p.add_argument("paths", nargs="*", help="upstream test files or folders (default: those of the patched modules)")
+    p.add_argument("-x", "--exitfirst", action="store_true")
+    p.add_argument("--py")
+    p.add_argument("--arch")
+    p.set_defaults(func=cmd_upstream_ut)
     p = sub.add_parser("config-docs", help="rewrite the docs' config tables from the config dataclasses")
     p.add_argument("--py")
     p.add_argument("--arch")

@@ -164,6 +164,19 @@ def test_not_with_another_scheduler_override():
         cpp_config.select_cpp_scheduler(vllm_config)
 
 
+class _Custom:
+    pass
+
+
+@pytest.mark.parametrize(
+    "current, shown", [(_Custom, f"{__name__}._Custom"), (_Custom(), "_Custom object at")], ids=["class", "object"]
+)
+def test_another_scheduler_override_of_any_kind_is_named(current, shown):
+    # An object without a __qualname__ (a mock, an instance) is named as it prints, not an AttributeError.
+    with pytest.raises(CppConfigError, match=f"scheduler_cls is already .*{re.escape(shown)}"):
+        cpp_config.select_cpp_scheduler(engine(scheduler_cls=current))
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_select_installs_our_scheduler_keeping_async_scheduling(monkeypatch, async_scheduling):
     # The engine-core start-up hook module is NPU-side; a stand-in records that it was imported.

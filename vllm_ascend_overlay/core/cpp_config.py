@@ -172,7 +172,10 @@ def select_cpp_scheduler(vllm_config: Any) -> None:
     """The platform's hook: install the CPP scheduler (its async form under async scheduling)."""
     current = vllm_config.scheduler_config.scheduler_cls
     if current is not None and current not in (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS):
-        name = current if isinstance(current, str) else f"{current.__module__}.{current.__qualname__}"
+        # A class by its import path; anything else as it prints (the error must not fail itself).
+        qualname = getattr(current, "__qualname__", None)
+        name = repr(current) if qualname is None else f"{current.__module__}.{qualname}"
+        name = current if isinstance(current, str) else name
         raise CppConfigError(
             f"{CONFIG_KEY}.enabled=true replaces the scheduler, but scheduler_cls is already {name} "
             "(from --scheduler-cls, recompute_scheduler_enable or SLO_limits_for_dynamic_batch): "

@@ -1,0 +1,74 @@
+"""Upstream's own CPU unit tests of the modules the series patches pass on the assembled tree
+(``make upstream-ut``), and fail there without ``patches/tests/``: the run checks something.
+``make diffs`` closes the cpp series with the test patch, as a mail ``git am`` applies."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from git_repo import git, init_repo
+from vllm_ascend_patchset import upstream_ut
+from vllm_ascend_patchset.assemble import assemble
+from vllm_ascend_patchset.diffs import write_diffs
+
+FULL = "runs upstream's unit tests on vLLM and torch in a subprocess"
+
+
+def _summary(result) -> str:
+    lines = [line for line in result.stdout.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
+    return lines[-1] if lines else result.stdout[-3000:] + result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    return upstream_ut.prepare(tmp_path_factory.mktemp("upstream-ut") / "ut")
+
+
+@pytest.mark.full_tier(FULL)
+def test_upstream_unit_tests_pass_with_the_series(prepared):
+    result = upstream_ut.run(prepared)
+    summary = _summary(result)
+    assert result.returncode == 0, summary + "\n" + result.stdout[-6000:]
+    passed = int(re.search(r"(\d+) passed", summary).group(1))
+    assert passed >= 150, summary  # the CPU tests of ascend_config, platform, core/, patch/platform and worker
+
+
+@pytest.mark.full_tier(FULL)
+def test_without_the_test_patches_upstreams_tests_of_the_replaced_code_fail(tmp_path):
+    empty = tmp_path / "no-patches"
+    empty.mkdir()
+    out = upstream_ut.prepare(tmp_path / "ut", patch_dir=empty)
+    # Upstream's test of the replaced predictor no longer imports ...
+    replaced = upstream_ut.run(out, ("tests/ut/core/test_profiling_chunk.py",))
+    assert replaced.returncode != 0
+    assert "cannot import name 'ProfilingChunkConfig'" in replaced.stdout, _summary(replaced)
+    # ... and the balance-schedule test builds the old scheduler's state.
+    balance = upstream_ut.run(out, ("tests/ut/patch/platform/test_patch_balance_schedule.py",))
+    assert balance.returncode != 0
+    failed = re.findall(r"^FAILED (\S+)", balance.stdout, re.MULTILINE)
+    assert failed == [
+        "tests/ut/patch/platform/test_patch_balance_schedule.py::"
+        "test_prefill_node_keeps_running_request_when_allocation_fails[profiling_chunk]"
+    ], _summary(balance)
+
+
+def test_the_test_patches_touch_only_upstreams_tests():
+    patches = upstream_ut.load_test_patches()
+    assert patches, "patches/tests/series lists no patch"
+    for patch in patches:
+        assert all(f.startswith("tests/") for f in patch.files), (patch.name, patch.files)
+
+
+def test_the_cpp_series_ends_with_the_test_mail_which_git_am_applies(prepared, tmp_path):
+    patches = upstream_ut.load_test_patches()
+    written = write_diffs(assemble(out_dir=tmp_path / "t"), tmp_path / "upstream", test_patches=patches)
+    last = written["cpp"][-1]
+    assert last.name.endswith("-cpp-unit-tests.patch")
+    files = sorted({f for p in patches for f in p.files})
+    pristine = upstream_ut.pristine_tests()
+    repo = init_repo(tmp_path / "repo", {f: (pristine / f).read_bytes() for f in files}, "upstream's tests")
+    git(repo, "am", "-q", str(last))
+    assert "Test dynamic chunked pipeline parallelism" in git(repo, "log", "-1", "--format=%s")
+    for f in files:
+        assert (repo / f).read_bytes() == (prepared / f).read_bytes(), f

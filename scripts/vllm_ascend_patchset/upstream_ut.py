@@ -72,7 +72,8 @@ def pristine_tests(pin: Pin | None = None) -> Path:
     try:
         with tarfile.open(sdist) as archive:
             top = name.removesuffix(".tar.gz") + "/"
-            members = [m for m in archive.getmembers() if m.name.startswith(top + "tests/") and (m.isfile() or m.isdir())]
+            wanted = top + "tests/"
+            members = [m for m in archive.getmembers() if m.name.startswith(wanted) and (m.isfile() or m.isdir())]
             if not members:
                 raise RuntimeError(f"{sdist}: no tests/ folder under {top}; the pinned sdist is not upstream's")
             for member in members:

@@ -37,7 +37,7 @@ test: venv assemble  ## every test (the README's and CI's command)
 test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled tree (tests/tiers.py), on two processes
 	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
 
-upstream-ut: venv assemble  ## upstream's CPU unit tests of the patched modules, with patches/tests/, on the assembled tree
+upstream-ut: venv assemble  ## upstream's CPU unit tests of the patched modules, with patches/source/, on the assembled tree
 	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset upstream-ut $(TARGET_ARGS)
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/; AUTHOR='Name <mail>')

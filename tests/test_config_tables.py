@@ -41,6 +41,20 @@ def test_the_docs_table_lists_the_keys_defaults_ranges_and_meanings_of_the_field
     assert len(expected) == 2 + len(config_table.settings(section))
 
 
+def test_upstreams_cpp_guide_gets_the_same_table():
+    """The docs patch of patches/source/ gives upstream's CPP feature guide the table
+    ``make config-docs`` renders (the additional_config reference links to it)."""
+    text = (ROOT / "patches/source/0202-cpp-user-docs.patch").read_text()
+    guide = text.split("+++ b/docs/source/user_guide/feature_guide/dynamic_chunk_pipeline_parallel.md\n", 1)[1]
+    lines = [line[1:] for line in guide.splitlines() if line.startswith(("+", " "))]
+    start = lines.index(config_docs.HEADER)
+    end = next(i for i in range(start, len(lines) + 1) if i == len(lines) or not lines[i].startswith("|"))
+    expected = config_docs.render(CppConfig)
+    assert lines[start:end] == expected, "patches/source/0202-cpp-user-docs.patch's table must read:\n" + "\n".join(
+        expected
+    )
+
+
 def test_config_docs_rewrites_a_stale_table_and_keeps_the_rest(tmp_path):
     doc = "docs/dual-stream.md"
     (tmp_path / "docs").mkdir()

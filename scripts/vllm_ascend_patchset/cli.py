@@ -40,14 +40,14 @@ def cmd_wheel(args: argparse.Namespace) -> int:
 def cmd_diffs(args: argparse.Namespace) -> int:
     from .assemble import assemble
     from .diffs import write_diffs
-    from .upstream_ut import load_test_patches
+    from .upstream_ut import load_source_patches
 
     if args.target:
         return _target_diffs(args)
     pin = Pin.load()
     upstream = f"vllm-ascend {pin.git_tag} (commit {pin.git_commit})"
-    tests = load_test_patches()  # upstream's unit tests, rewritten where the series replaces what they test
-    written = write_diffs(assemble(_target(args)), upstream=upstream, author=args.author, test_patches=tests)
+    source = load_source_patches()  # upstream's unit tests and docs, rewritten where the series replaces their subject
+    written = write_diffs(assemble(_target(args)), upstream=upstream, author=args.author, source_patches=source)
     for feature, paths in written.items():
         print(f"{feature}: {len(paths)} patches in {paths[0].parent}")
     return 0
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     sub.add_parser("ds-bench", help="dual stream against single stream on the CPU, TP = 2, emulated links (--help)")
-    p = sub.add_parser("upstream-ut", help="upstream's CPU unit tests, with patches/tests/, on the assembled tree")
+    p = sub.add_parser("upstream-ut", help="upstream's CPU unit tests, with patches/source/, on the assembled tree")
     p.add_argument("paths", nargs="*", help="upstream test files or folders (default: those of the patched modules)")
     p.add_argument("-x", "--exitfirst", action="store_true")
     p.add_argument("--py")

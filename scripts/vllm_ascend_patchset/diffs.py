@@ -319,8 +319,8 @@ def _and(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
-def series_by_feature(assembly: Assembly, test_patches: Sequence[Patch] = ()) -> dict[str, list[Mail]]:
-    return _series(assembly, test_patches)[0]
+def series_by_feature(assembly: Assembly, source_patches: Sequence[Patch] = ()) -> dict[str, list[Mail]]:
+    return _series(assembly, source_patches)[0]
 
 
 def series_needs(assembly: Assembly) -> dict[str, dict[str, set[int]]]:
@@ -329,12 +329,12 @@ def series_needs(assembly: Assembly) -> dict[str, dict[str, set[int]]]:
 
 
 def _series(
-    assembly: Assembly, test_patches: Sequence[Patch] = ()
+    assembly: Assembly, source_patches: Sequence[Patch] = ()
 ) -> tuple[dict[str, list[Mail]], dict[str, dict[str, set[int]]]]:
     """The mails per feature, and per feature what it needs of earlier features' series
-    (feature -> earlier feature -> numbers of the mails in that series, from 1). ``test_patches``
-    (patches to upstream's tests, ``upstream_ut.py``) close their feature's series: they test
-    the code of every mail before them."""
+    (feature -> earlier feature -> numbers of the mails in that series, from 1). ``source_patches``
+    (patches to upstream's tests and docs, ``upstream_ut.py``) close their feature's series: they
+    test and document the code of every mail before them."""
     last_update = max((p.header.get("Last-Update", "") for p in assembly.patches), default="") or "2026-01-01"
     changes = _changes(assembly, last_update)
     needs = _needs(changes, assembly)
@@ -347,7 +347,7 @@ def _series(
         groups = commit_groups(local)
         mail_number.update({i: n for n, group in enumerate(groups, 1) for i in group})
         mails = [_merge([changes[i] for i in group]) for group in groups]
-        mails += [patch_mail(p) for p in test_patches if p.feature == feature and forwarded(p)]
+        mails += [patch_mail(p) for p in source_patches if p.feature == feature and forwarded(p)]
         if mails:
             out[feature] = mails
         for j in {j for i in members for j in needs[i] if changes[j].feature != feature}:
@@ -360,17 +360,17 @@ def write_diffs(
     out_dir: Path = UPSTREAM_DIR,
     upstream: str = "vllm-ascend at the pinned tag",
     author: str | None = None,
-    test_patches: Sequence[Patch] = (),
+    source_patches: Sequence[Patch] = (),
 ) -> dict[str, list[Path]]:
     """The mails under ``out_dir/<feature>/`` and ``out_dir/ORDER``; ``upstream`` names what they apply to;
     ``author`` ("Name <mail>"), when given, is every mail's author instead of the patches' headers';
-    ``test_patches`` close their features' series (``_series``)."""
+    ``source_patches`` close their features' series (``_series``)."""
     if author is not None and not re.fullmatch(r"[^<>\n]+ <[^<>\s]+@[^<>\s]+>", author.strip()):
         raise SeriesError(f"AUTHOR={author!r}: give it as 'Full Name <name@example.com>'")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     written: dict[str, list[Path]] = {}
-    series, earlier = _series(assembly, test_patches)
+    series, earlier = _series(assembly, source_patches)
     for feature, mails in series.items():
         folder = out_dir / feature
         folder.mkdir(parents=True)

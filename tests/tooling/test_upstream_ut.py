@@ -1,6 +1,6 @@
 """Upstream's own CPU unit tests of the modules the series patches pass on the assembled tree
-(``make upstream-ut``), and fail there without ``patches/tests/``: the run checks something.
-``make diffs`` closes the cpp series with the test patch, as a mail ``git am`` applies."""
+(``make upstream-ut``), and fail there without ``patches/source/``: the run checks something.
+``make diffs`` closes the cpp series with the tests and docs patches, as mails ``git am`` applies."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from git_repo import git, init_repo
 from vllm_ascend_patchset import upstream_ut
 from vllm_ascend_patchset.assemble import apply_patch, assemble
 from vllm_ascend_patchset.diffs import write_diffs
+from vllm_ascend_patchset.series import SeriesError
 
 FULL = "runs upstream's unit tests on vLLM and torch in a subprocess"
 
@@ -53,23 +54,34 @@ def test_without_the_test_patches_upstreams_tests_of_the_replaced_code_fail(tmp_
     ], _summary(balance)
 
 
-def test_the_test_patches_touch_only_upstreams_tests():
-    patches = upstream_ut.load_test_patches()
-    assert patches, "patches/tests/series lists no patch"
-    for patch in patches:
-        assert all(f.startswith("tests/") for f in patch.files), (patch.name, patch.files)
+def test_the_source_patches_touch_only_upstreams_tests_and_docs(tmp_path):
+    patches = upstream_ut.load_source_patches()
+    assert patches, "patches/source/series lists no patch"
+    assert {f.split("/")[0] for p in patches for f in p.files} == {"tests", "docs"}
+    # A package file in that folder is refused, naming it and where it belongs.
+    (tmp_path / "series").write_text("0001-x.patch\n")
+    (tmp_path / "0001-x.patch").write_text(
+        "Description: x\nAuthor: a <a@a>\nFeature: cpp\nForwarded: no\n\n"
+        "--- a/vllm_ascend/platform.py\n+++ b/vllm_ascend/platform.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    with pytest.raises(SeriesError, match=r"vllm_ascend/platform.py.*patches/series"):
+        upstream_ut.load_source_patches(tmp_path)
 
 
-def test_the_cpp_series_ends_with_the_test_mail_which_git_am_applies(tmp_path):
-    patches = upstream_ut.load_test_patches()
-    written = write_diffs(assemble(out_dir=tmp_path / "t"), tmp_path / "upstream", test_patches=patches)
-    last = written["cpp"][-1]
-    assert last.name.endswith("-cpp-unit-tests.patch")
+def test_the_cpp_series_ends_with_the_tests_and_docs_mails_which_git_am_applies(tmp_path):
+    patches = upstream_ut.load_source_patches()
+    written = write_diffs(assemble(out_dir=tmp_path / "t"), tmp_path / "upstream", source_patches=patches)
+    last = written["cpp"][-len(patches) :]
+    assert [p.name.split("-", 1)[1] for p in last] == ["cpp-unit-tests.patch", "cpp-user-docs.patch"]
     files = sorted({f for p in patches for f in p.files})
-    pristine = upstream_ut.pristine_tests()
-    repo = init_repo(tmp_path / "repo", {f: (pristine / f).read_bytes() for f in files}, "upstream's tests")
-    git(repo, "am", "-q", str(last))
-    assert "Test dynamic chunked pipeline parallelism" in git(repo, "log", "-1", "--format=%s")
+    pristine = upstream_ut.pristine_source()
+    repo = init_repo(tmp_path / "repo", {f: (pristine / f).read_bytes() for f in files}, "upstream's tests and docs")
+    git(repo, "am", "-q", *map(str, last))
+    subjects = git(repo, "log", "-2", "--format=%s").splitlines()
+    assert subjects == [
+        "cpp: Document dynamic chunked pipeline parallelism as the series builds it",
+        "cpp: Test dynamic chunked pipeline parallelism against its new modules",
+    ]
     expected = tmp_path / "expected"
     for f in files:
         (expected / f).parent.mkdir(parents=True, exist_ok=True)

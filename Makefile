@@ -15,6 +15,7 @@ E2E_VENV ?= .cache/e2e/venv
 BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
 BENCH_E2E_DS_ARGS ?=
+ARGS ?=
 
 .PHONY: wheel wheels assemble test test-fast upstream-ut venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean help
 
@@ -37,8 +38,8 @@ test: venv assemble  ## every test (the README's and CI's command)
 test-fast: venv   ## the tests that need neither vLLM, torch nor the assembled tree (tests/tiers.py), on two processes
 	$(VENV)/bin/python tests/shards.py 2 tests --fast -q $(PYTEST_ARGS)
 
-upstream-ut: venv assemble  ## upstream's CPU unit tests of the patched modules, with patches/source/, on the assembled tree
-	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset upstream-ut $(TARGET_ARGS)
+upstream-ut: venv assemble  ## upstream's CPU unit tests with the series against upstream as released (ARGS=tests/ut/core: those alone)
+	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset upstream-ut $(TARGET_ARGS) $(ARGS)
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/; AUTHOR='Name <mail>')
 	@test -z "$(UPSTREAM_SRC)" || test -n "$(TARGET)" || { echo "make diffs: UPSTREAM_SRC is read only with TARGET=<name> (patches/targets/); without it the series is for the pinned release and needs no checkout" >&2; exit 2; }

@@ -119,13 +119,31 @@ def cmd_port(args: argparse.Namespace) -> int:
 
 def cmd_upstream_ut(args: argparse.Namespace) -> int:
     from .paths import BUILD_DIR
-    from .upstream_ut import UT_PATHS, prepare, run
+    from .upstream_ut import outcomes, prepare, regressions, run
 
-    out = prepare(BUILD_DIR / "upstream-ut", _target(args))
-    result = run(out, tuple(args.paths) or UT_PATHS, ("-x",) if args.exitfirst else ())
-    sys.stdout.write(result.stdout[-20000:])
-    sys.stderr.write(result.stderr[-5000:])
-    return result.returncode
+    out = BUILD_DIR / "upstream-ut"
+    series = prepare(out / "series", _target(args))
+    if args.paths:  # upstream's tests as pytest shows them, on the series
+        absent = [p for p in args.paths if not (series / p.split("::")[0]).exists()]
+        if absent:
+            shown = ", ".join(absent)
+            print(f"error: not in upstream's tests: {shown} (paths such as tests/ut/core)", file=sys.stderr)
+            return 2
+        return run(series, args.paths, args.pytest_args, capture=False).returncode
+    baseline = prepare(out / "baseline", _target(args), baseline=True)
+    found = {}
+    for name, tree in (("upstream as released", baseline), ("with the series", series)):
+        result = run(tree, report=tree / "report.xml")
+        found[name] = outcomes(tree / "report.xml")
+        counts = {k: list(found[name].values()).count(k) for k in ("passed", "failed", "error", "skipped")}
+        print(f"{name}: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f" (pytest exit {result.returncode})")
+    broken = regressions(found["with the series"], found["upstream as released"])
+    for test in broken:
+        print(f"fails with the series, passed without it: {test}")
+    if not broken:
+        print("no test fails with the series that passed without it")
+    print(f"reports: {out}/*/report.xml; one file with its output: make upstream-ut ARGS=tests/ut/<path>")
+    return 1 if broken else 0
 
 
 def cmd_config_docs(args: argparse.Namespace) -> int:
@@ -169,9 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_diffs)
     sub.add_parser("cpp-twin", help="pipeline twin: TTFT and bubbles of fixed, upstream and our CPP (--help)")
     sub.add_parser("ds-bench", help="dual stream against single stream on the CPU, TP = 2, emulated links (--help)")
-    p = sub.add_parser("upstream-ut", help="upstream's CPU unit tests, with patches/source/, on the assembled tree")
-    p.add_argument("paths", nargs="*", help="upstream test files or folders (default: those of the patched modules)")
-    p.add_argument("-x", "--exitfirst", action="store_true")
+    p = sub.add_parser("upstream-ut", help="upstream's CPU unit tests with the series, against upstream as released")
+    p.add_argument("paths", nargs="*", help="upstream's tests to run with the series alone, e.g. tests/ut/core")
+    p.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[], help="what follows goes to pytest")
     p.add_argument("--py")
     p.add_argument("--arch")
     p.set_defaults(func=cmd_upstream_ut)

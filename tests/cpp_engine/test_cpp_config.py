@@ -73,6 +73,13 @@ def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):
     assert warnings == ["[CPP] profiling_chunk_config.min_chunk=4096 is above max_num_batched_tokens=2048; using 2048"]
 
 
+def test_a_disabled_config_reads_nothing_of_the_engine():
+    # Off, the engine's values are not compared (upstream's tests pass mocks for them).
+    engine_of_mocks = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_batched_tokens=object()))
+    config = cpp_config.load_profiling_chunk_config({}, engine_of_mocks, balance_scheduling=True)
+    assert not config.enabled and config.min_chunk == cpp_config.CppConfig().min_chunk
+
+
 def test_empty_cache_dir_turns_the_cache_off():
     assert load({"enabled": True, "cache_dir": ""}).cache_path is None
 

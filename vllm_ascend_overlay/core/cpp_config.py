@@ -113,7 +113,8 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
             fix = f'(the default) {fault}, or "" to keep no profile'
             raise CppConfigError(problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, fix))
         config = replace(config, cache_dir=folder)
-    if max_num_batched_tokens is not None and config.min_chunk > max_num_batched_tokens:
+    # Clamped only when on, as upstream did: off, min_chunk is not read (nor is the engine's budget).
+    if config.enabled and max_num_batched_tokens is not None and config.min_chunk > max_num_batched_tokens:
         logger.warning(
             "[CPP] %s.min_chunk=%d is above max_num_batched_tokens=%d; using %d",
             CONFIG_KEY,

@@ -118,26 +118,25 @@ def cmd_port(args: argparse.Namespace) -> int:
 
 
 def cmd_upstream_ut(args: argparse.Namespace) -> int:
+    from collections import Counter
+
     from .paths import BUILD_DIR
-    from .upstream_ut import outcomes, prepare, regressions, run
+    from .upstream_ut import compare, prepare, regressions, run
 
     out = BUILD_DIR / "upstream-ut"
-    series = prepare(out / "series", _target(args))
     if args.paths:  # upstream's tests as pytest shows them, on the series
+        series = prepare(out / "series", _target(args))
         absent = [p for p in args.paths if not (series / p.split("::")[0]).exists()]
         if absent:
             shown = ", ".join(absent)
             print(f"error: not in upstream's tests: {shown} (paths such as tests/ut/core)", file=sys.stderr)
             return 2
         return run(series, args.paths, args.pytest_args, capture=False).returncode
-    baseline = prepare(out / "baseline", _target(args), baseline=True)
-    found = {}
-    for name, tree in (("upstream as released", baseline), ("with the series", series)):
-        result = run(tree, report=tree / "report.xml")
-        found[name] = outcomes(tree / "report.xml")
-        counts = {k: list(found[name].values()).count(k) for k in ("passed", "failed", "error", "skipped")}
-        print(f"{name}: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + f" (pytest exit {result.returncode})")
-    broken = regressions(found["with the series"], found["upstream as released"])
+    found = compare(out, _target(args))
+    for name, shown in (("released", "upstream as released"), ("series", "with the series")):
+        counts = Counter(found[name].values())
+        print(f"{shown}: " + ", ".join(f"{counts[k]} {k}" for k in ("passed", "failed", "error", "skipped")))
+    broken = regressions(found["series"], found["released"])
     for test in broken:
         print(f"fails with the series, passed without it: {test}")
     if not broken:

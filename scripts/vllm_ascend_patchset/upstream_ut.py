@@ -111,8 +111,9 @@ def prepare(
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    source = pristine_source(pin)
     for folder in SOURCE_FOLDERS:
-        shutil.copytree(pristine_source(pin) / folder, out / folder)
+        shutil.copytree(source / folder, out / folder)
     for patch in [] if baseline else load_source_patches(patch_dir):
         apply_patch(patch, out)
     # pytest's own root and (empty) configuration: upstream has none, and the checkout's must not apply
@@ -162,3 +163,14 @@ def regressions(series: dict[str, str], baseline: dict[str, str]) -> list[str]:
     adds counts when it fails; one it replaces, by its absence, does not)."""
     broken = ("failed", "error")
     return sorted(t for t, outcome in series.items() if outcome in broken and baseline.get(t) not in broken)
+
+
+def compare(out: Path, target: WheelTarget | None = None) -> dict[str, dict[str, str]]:
+    """Every CPU test's outcome on upstream as released (``released``) and with the series
+    (``series``), each run in its own folder under ``out`` with its JUnit report."""
+    found = {}
+    for name, baseline in (("released", True), ("series", False)):
+        tree = prepare(out / name, target, baseline=baseline)
+        run(tree, report=tree / "report.xml")
+        found[name] = outcomes(tree / "report.xml")
+    return found

@@ -175,8 +175,10 @@ def select_cpp_scheduler(vllm_config: Any) -> None:
     if current is not None and current not in (SCHEDULER_CLS, ASYNC_SCHEDULER_CLS):
         # A class by its import path; anything else as it prints (the error must not fail itself).
         qualname = getattr(current, "__qualname__", None)
-        name = repr(current) if qualname is None else f"{current.__module__}.{qualname}"
-        name = current if isinstance(current, str) else name
+        if isinstance(current, str):
+            name = current
+        else:
+            name = f"{current.__module__}.{qualname}" if qualname else repr(current)
         raise CppConfigError(
             f"{CONFIG_KEY}.enabled=true replaces the scheduler, but scheduler_cls is already {name} "
             "(from --scheduler-cls, recompute_scheduler_enable or SLO_limits_for_dynamic_batch): "

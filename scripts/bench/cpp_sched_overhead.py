@@ -18,9 +18,11 @@ vLLM's loop costs for the batches they make.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,13 +66,16 @@ def replay_class(balance_cls: type) -> type:
     return Replay
 
 
-def run_side_by_side(schedulers, helpers, args, replayed=None) -> list[float]:
+def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lambda: None) -> list[float]:
     """Mean microseconds of schedule() + update_from_output() per step, the schedulers taking turns.
 
-    Each scheduler runs ``args.block`` steps in turn (one step each with ``--block 1``), so
-    a change of machine load falls on all of them alike, while each keeps its data in the
-    CPU's caches for a block of steps, as a server's only scheduler does. Timing starts once
-    every decoder's prompt has been admitted. ``replayed``: (index of a scheduler whose
+    As vLLM's engine does under pipeline parallelism, each scheduler keeps ``args.in_flight``
+    batches in flight: a step's output comes back (``update_from_output``) only once that
+    many later steps are scheduled, and between steps the engine waits on the device for
+    the oldest batch, for which the bench sleeps ``args.device_ms`` (untimed; CPP plans in
+    that wait). Each scheduler runs ``args.block`` steps in turn (one step each with
+    ``--block 1``), so a change of machine load falls on all of them alike. Timing starts
+    once every decoder's prompt has been admitted (``timing_starts()`` is called then). ``replayed``: (index of a scheduler whose
     batches are recorded, index of a ``replay_class`` scheduler that runs them after it).
     """
     source, replay = replayed if replayed is not None else (None, None)
@@ -84,7 +89,9 @@ def run_side_by_side(schedulers, helpers, args, replayed=None) -> list[float]:
             scheduler.update_from_output(out, helpers.model_output(scheduler, out))
             if not scheduler.waiting and out.total_num_scheduled_tokens == len(scheduler.running):
                 break
+    timing_starts()
     elapsed = [0.0] * len(schedulers)
+    in_flight = [collections.deque() for _ in schedulers]
     for first in range(0, args.steps, args.block):
         for index, scheduler in enumerate(schedulers):
             for step in range(first, min(first + args.block, args.steps)):
@@ -97,13 +104,36 @@ def run_side_by_side(schedulers, helpers, args, replayed=None) -> list[float]:
                     scheduler.replay = batches.pop(step)
                 start = time.perf_counter()
                 out = scheduler.schedule()
-                scheduler.update_from_output(out, helpers.model_output(scheduler, out))
                 elapsed[index] += time.perf_counter() - start
+                in_flight[index].append((out, helpers.model_output(scheduler, out)))
                 if index == source:
                     batches[step] = dict(out.num_scheduled_tokens)
                 elif index == replay:
                     scheduler.differed += scheduler.replay != out.num_scheduled_tokens
+                if len(in_flight[index]) < args.in_flight:
+                    continue
+                time.sleep(args.device_ms / 1000.0)  # the engine waits on the device for the oldest batch
+                start = time.perf_counter()
+                scheduler.update_from_output(*in_flight[index].popleft())
+                elapsed[index] += time.perf_counter() - start
     return [total / args.steps * 1e6 for total in elapsed]
+
+
+def timing_plans(rule_cls: type) -> dict[str, float]:
+    """Seconds spent planning (``ChunkRule.plan_target``), on the engine's thread and in any other."""
+    spent = {"step": 0.0, "off the step": 0.0}
+    plan_target = rule_cls.plan_target
+
+    def timed(self, *args, **kwargs):
+        start = time.thread_time()
+        try:
+            return plan_target(self, *args, **kwargs)
+        finally:
+            where = "step" if threading.current_thread() is threading.main_thread() else "off the step"
+            spent[where] += time.thread_time() - start
+
+    rule_cls.plan_target = timed
+    return spent
 
 
 def main() -> int:
@@ -114,11 +144,26 @@ def main() -> int:
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages CPP plans for (CPP needs at least 2)")
     parser.add_argument("--block", type=int, default=20, help="steps each scheduler runs in turn (1: lock-step)")
     parser.add_argument(
+        "--in-flight",
+        type=int,
+        default=None,
+        help="batches in flight, as vLLM's engine keeps one per pipeline stage (default --stages; 1: each "
+        "step's output back before the next step)",
+    )
+    parser.add_argument(
+        "--device-ms",
+        type=float,
+        default=5.0,
+        help="the engine's wait on the device between steps, untimed (a long-context batch on an NPU takes "
+        "tens of ms or more)",
+    )
+    parser.add_argument(
         "--no-freeze",
         action="store_true",
         help="leave the start-up heap to the garbage collector (the engine freezes it)",
     )
     args = parser.parse_args()
+    args.in_flight = args.stages if args.in_flight is None else max(1, args.in_flight)
     _setup()
     import helpers
     from test_scheduler_profiling_chunk import FakeExecutor
@@ -151,9 +196,15 @@ def main() -> int:
         from vllm.utils.gc_utils import freeze_gc_heap
 
         freeze_gc_heap()
-    fixed_us, identity_us, cpp_us, same_us = run_side_by_side(schedulers, helpers, args, replayed=(2, 3))
+    from vllm_ascend.core.cpp_chunk_rule import ChunkRule
+
+    planning_s = timing_plans(ChunkRule)
+    fixed_us, identity_us, cpp_us, same_us = run_side_by_side(
+        schedulers, helpers, args, replayed=(2, 3), timing_starts=lambda: planning_s.update(dict.fromkeys(planning_s, 0.0))
+    )
     prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
     print(f"{args.decodes} decoding requests, {prompts} every 20 steps, {args.steps} steps")
+    print(f"{args.in_flight} batch(es) in flight, {args.device_ms:g} ms on the device between steps (untimed)")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
     print(f"CPP, upstream's loop:             {cpp_us:8.1f} us per step   ratio {cpp_us / fixed_us:.2f}")
@@ -162,6 +213,8 @@ def main() -> int:
         print(f"  (its batch differed from CPP's in {same_batches.differed} of {args.steps} steps)")
     print(f"CPP over upstream's loop with identity hooks: {cpp_us / identity_us:.3f}")
     print(f"CPP over upstream's loop making the same batches (the decisions' cost): {cpp_us / same_us:.3f}")
+    on_step, off_step = (planning_s[k] / args.steps * 1e6 for k in ("step", "off the step"))
+    print(f"CPP's planning: {on_step:.1f} us per step in the step (counted above), {off_step:.1f} us in the planner thread")
     return 0
 
 

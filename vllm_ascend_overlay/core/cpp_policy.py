@@ -9,7 +9,13 @@ Everything CPP decides lives here, each piece with one owner:
 - the plan (the batch-time target and what it was made with) is made here, from the held
   prefills, the decoding requests and the batches in flight, and handed to the step
   budget; the decode rule (each decoding request's share of a batch: one in P under
-  synchronous scheduling, every batch under asynchronous) is applied here;
+  synchronous scheduling, every batch under asynchronous) is applied here. While a batch
+  is in flight the plan is made off the step, in a planner thread, and adopted at the
+  next step's start: the engine waits on the device between the two (vLLM keeps P
+  batches in flight under pipeline parallelism and blocks on the oldest), and the
+  planner runs in that wait. With nothing in flight the device waits on this step, so
+  the plan is made at once and sizes the step it was made for. Either way a step's plan
+  is the same whatever the threads' timing: the next step's start waits for it;
 - the traffic (``Traffic``: the latest arrivals and the sizes of the latest prefills) is
   kept here for the plan: the expected arrivals and the fixed chunk a user would tune for it;
 - each scheduled step's record (``CppBatch``: what was charged, the predicted time,
@@ -20,7 +26,10 @@ Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,11 +38,24 @@ from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_step_budget import StepBudget
-from vllm_ascend.core.cpp_traffic import Traffic
+from vllm_ascend.core.cpp_traffic import Load, Traffic
 
-__all__ = ["MAX_BATCHES_IN_FLIGHT", "CppBatch", "CppPolicy"]
+__all__ = ["MAX_BATCHES_IN_FLIGHT", "PLAN_TIMEOUT_S", "CppBatch", "CppPolicy"]
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
+PLAN_TIMEOUT_S = 30.0  # a plan takes milliseconds; one not back by then is a fault (CPP off), never a hang
+
+_planner_lock = threading.Lock()
+_planner: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was started in, the planner thread)
+
+
+def _planner_thread() -> ThreadPoolExecutor:
+    """The process's one planner thread, started at first use (again in a child process after a fork)."""
+    global _planner
+    with _planner_lock:
+        if _planner is None or _planner[0] != os.getpid():
+            _planner = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpp-planner"))
+        return _planner[1]
 
 
 @dataclass(frozen=True)
@@ -68,6 +90,7 @@ class CppPolicy:
         # scheduling counts that token as a placeholder and schedules it in every batch.
         self.decode_share = 1.0 if asynchronous else 1.0 / max(1, num_stages)
         self._in_flight: list[tuple[Any, CppBatch]] = []  # (SchedulerOutput, its record), oldest first
+        self._pending: tuple[Future, ChunkRule] | None = None  # a plan made off the step, and the rule it used
         self.traffic = Traffic()
 
     @property
@@ -78,23 +101,37 @@ class CppPolicy:
     def plan(self) -> Plan:
         return self.budget.plan
 
-    def replan(
-        self,
-        held: Sequence[tuple[int, int]],
-        decode_histories: Sequence[int],
-    ) -> Plan:
-        """Plan the target for the held prefills ((history, remaining) in FCFS order) and hand it to the budget."""
+    def replan(self, held: Sequence[tuple[int, int]], decode_histories: Sequence[int]) -> None:
+        """Plan the target for the held prefills ((history, remaining) in FCFS order) and the decoding
+        requests' histories: at once with nothing in flight, else in the planner thread, adopted at the
+        next step's start (``adopt_plan``). The inputs are taken now, so the plan is this step's."""
         rule = self.rule
-        decode_ms = self.decode_share * float(rule.model.decode_ms_many(np.asarray(decode_histories)).sum())
-        inflight_ms = max((batch.predicted_ms for _, batch in self._in_flight), default=0.0)
-        self.budget.plan = rule.plan_target(
-            held,
-            fixed_ms=rule.model.fixed_ms + decode_ms,
-            inflight_ms=inflight_ms,
-            decoding=len(decode_histories),
-            load=self.traffic.load(),
+        inputs = (
+            rule,
+            tuple(held),
+            np.array(decode_histories, dtype=np.float64),
+            self.decode_share,
+            max((batch.predicted_ms for _, batch in self._in_flight), default=0.0),
+            self.traffic.load(),
         )
-        return self.budget.plan
+        self._pending = None
+        if not self._in_flight:
+            self.budget.plan = _plan(*inputs)
+            return
+        self._pending = (_planner_thread().submit(_plan, *inputs), rule)
+
+    def adopt_plan(self) -> Plan | None:
+        """A step starts: the plan made off the last step, if any, is the step budget's from now on
+        (None when there was none, or the model changed since: a plan of the new model comes next)."""
+        if self._pending is None:
+            return None
+        future, rule = self._pending
+        self._pending = None
+        plan = future.result(timeout=PLAN_TIMEOUT_S)  # (a fault in the planner is raised here)
+        if rule is not self.rule:
+            return None
+        self.budget.plan = plan
+        return plan
 
     # ------------------------------------------------------------------ steps in flight
     def scheduled(self, scheduler_output: Any, timed: bool) -> None:
@@ -121,3 +158,22 @@ class CppPolicy:
             return False
         self.budget.rule = self.rule.with_model(model)
         return True
+
+
+def _plan(
+    rule: ChunkRule,
+    held: Sequence[tuple[int, int]],
+    decode_histories: np.ndarray,
+    decode_share: float,
+    inflight_ms: float,
+    load: Load,
+) -> Plan:
+    """The plan for these inputs (core/cpp_planner.py); its decodes cost their share of each batch."""
+    decode_ms = decode_share * float(rule.model.decode_ms_many(decode_histories).sum())
+    return rule.plan_target(
+        held,
+        fixed_ms=rule.model.fixed_ms + decode_ms,
+        inflight_ms=inflight_ms,
+        decoding=len(decode_histories),
+        load=load,
+    )

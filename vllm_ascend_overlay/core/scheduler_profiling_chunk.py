@@ -23,6 +23,8 @@ Here is only the bookkeeping:
   prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
   from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
   admission will), the decodes' share of a batch and the largest batch still in flight;
+  while a batch is in flight, in a planner thread during the engine's wait on the device,
+  for the next step (core/cpp_policy.py);
 - timing: a step that holds a prefill chunk is marked for timing
   (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
   timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
@@ -200,6 +202,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget = self.cpp_policy.budget
         budget.start()
+        plan = self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
+        if plan is not None:
+            logger.debug("[CPP] batch-time target %.2f ms planned", plan.target_ms)
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
         # decodes only: nothing to size, and the per-request bookkeeping is skipped.
@@ -267,8 +272,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             # come out, and planning stays off the step.
             return
         self._cpp_plan_shape = shape
-        plan = self.cpp_policy.replan(held, decoding)
-        logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), plan.target_ms)
+        self.cpp_policy.replan(held, decoding)  # now, or off the step while a batch is in flight
 
     def add_request(self, request: Any) -> None:
         super().add_request(request)

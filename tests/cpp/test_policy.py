@@ -1,0 +1,150 @@
+"""CppPolicy's plans: made at once with nothing in flight, else in the planner thread for the next step."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from cpp_samples import TRUE, measured_model
+from vllm_ascend.core import cpp_policy
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_policy import CppPolicy
+
+LIMITS = ChunkLimits(base_chunk_tokens=4096, max_model_len=131_072)
+HELD = [(0, 30_000), (0, 2_000)]
+DECODING = [500, 9_000, 20_000]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return measured_model(TRUE, noise=0.0, max_history_tokens=LIMITS.max_model_len)
+
+
+def policy_of(model, num_stages=4):
+    return CppPolicy(model, LIMITS, num_stages, asynchronous=False, calibration_window=32)
+
+
+def put_in_flight(policy, ms_of_chunk=(2048, 1000)):
+    """A scheduled step whose output is not back: a prefill chunk charged to the budget."""
+    policy.budget.start()
+    policy.budget.charge("in-flight", *ms_of_chunk)
+    output = SimpleNamespace()
+    policy.scheduled(output, timed=False)
+    return output
+
+
+def planning_threads(monkeypatch):
+    """The thread each plan is made on."""
+    threads = []
+    plan_target = ChunkRule.plan_target
+
+    def recorded(self, *args, **kwargs):
+        threads.append(threading.current_thread())
+        return plan_target(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkRule, "plan_target", recorded)
+    return threads
+
+
+def test_with_nothing_in_flight_the_plan_is_made_at_once_on_the_callers_thread(model, monkeypatch):
+    threads = planning_threads(monkeypatch)
+    policy = policy_of(model)
+    before = policy.plan
+    policy.replan(HELD, DECODING)
+    assert threads == [threading.current_thread()]
+    assert policy.plan is not before and policy.adopt_plan() is None  # nothing pending
+
+
+def test_with_a_batch_in_flight_the_plan_is_made_off_the_step_and_is_the_same_plan(model, monkeypatch):
+    """Made in the planner thread, adopted at the next step's start: the same plan as made at once
+    from the same inputs (the batch in flight counted in both)."""
+    threads = planning_threads(monkeypatch)
+    at_once = policy_of(model)
+    put_in_flight(at_once)
+    off_step = policy_of(model)
+    put_in_flight(off_step)
+    old = off_step.plan
+    off_step.replan(HELD, DECODING)
+    assert off_step.plan is old, "the step that asked for the plan keeps the plan it started with"
+    adopted = off_step.adopt_plan()
+    assert threads[0] is not threading.current_thread()
+    assert adopted is off_step.plan and adopted is not old
+    # The same inputs planned on this thread: with the batch in flight counted as largest batch.
+    inflight_ms = at_once._in_flight[0][1].predicted_ms
+    expected = at_once.rule.plan_target(
+        HELD,
+        fixed_ms=model.fixed_ms + float(model.decode_ms_many(DECODING).sum()) / 4,
+        inflight_ms=inflight_ms,
+        decoding=len(DECODING),
+        load=at_once.traffic.load(),
+    )
+    assert adopted == expected
+    assert inflight_ms > 0
+
+
+def test_a_plan_made_with_a_model_since_replaced_is_dropped(model):
+    policy = policy_of(model)
+    put_in_flight(policy)
+    old = policy.plan
+    policy.replan(HELD, DECODING)
+    policy.budget.rule = policy.rule.with_model(measured_model(TRUE, noise=0.0, max_history_tokens=65_536))
+    assert policy.adopt_plan() is None and policy.plan is old
+
+
+def test_a_fault_in_the_planner_thread_is_raised_when_the_plan_is_adopted(model, monkeypatch):
+    def faulty(self, *args, **kwargs):
+        raise ZeroDivisionError("a fault in the planner")
+
+    monkeypatch.setattr(ChunkRule, "plan_target", faulty)
+    policy = policy_of(model)
+    put_in_flight(policy)
+    policy.replan(HELD, DECODING)
+    with pytest.raises(ZeroDivisionError, match="a fault in the planner"):
+        policy.adopt_plan()
+    assert policy.adopt_plan() is None  # raised once; nothing left pending
+
+
+def test_a_plan_that_does_not_come_back_is_a_fault_not_a_hang(model, monkeypatch):
+    release = threading.Event()
+    plan_target = ChunkRule.plan_target
+
+    def stuck(self, *args, **kwargs):
+        release.wait(10.0)
+        return plan_target(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChunkRule, "plan_target", stuck)
+    monkeypatch.setattr(cpp_policy, "PLAN_TIMEOUT_S", 0.05)
+    policy = policy_of(model)
+    put_in_flight(policy)
+    policy.replan(HELD, DECODING)
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError):
+            policy.adopt_plan()
+    finally:
+        release.set()
+    assert time.monotonic() - start < 5.0
+
+
+def _plan_in_a_child(model, results) -> None:
+    policy = policy_of(model)
+    put_in_flight(policy)
+    policy.replan(HELD, DECODING)
+    results.put(policy.adopt_plan() is not None)
+
+
+def test_a_forked_child_gets_its_own_planner_thread(model):
+    """A planner thread does not survive a fork: the child starts its own rather than waiting on a dead one."""
+    policy = policy_of(model)
+    put_in_flight(policy)
+    policy.replan(HELD, DECODING)
+    assert policy.adopt_plan() is not None  # the parent's planner thread is running
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_plan_in_a_child, args=(model, results))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0 and results.get(timeout=5) is True

@@ -75,8 +75,9 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
     the oldest batch, for which the bench sleeps ``args.device_ms`` (untimed; CPP plans in
     that wait). Each scheduler runs ``args.block`` steps in turn (one step each with
     ``--block 1``), so a change of machine load falls on all of them alike. Timing starts
-    once every decoder's prompt has been admitted (``timing_starts()`` is called then). ``replayed``: (index of a scheduler whose
-    batches are recorded, index of a ``replay_class`` scheduler that runs them after it).
+    once every decoder's prompt has been admitted (``timing_starts()`` is called then).
+    ``replayed``: (index of a scheduler whose batches are recorded, index of a
+    ``replay_class`` scheduler that runs them after it).
     """
     source, replay = replayed if replayed is not None else (None, None)
     batches: dict[int, dict[str, int]] = {}
@@ -120,8 +121,8 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
 
 
 def timing_plans(rule_cls: type) -> dict[str, float]:
-    """Seconds spent planning (``ChunkRule.plan_target``), on the engine's thread and in any other."""
-    spent = {"step": 0.0, "off the step": 0.0}
+    """Seconds spent planning (``ChunkRule.plan_target``): ``step`` on the engine's thread, ``off`` in another."""
+    spent = {"step": 0.0, "off": 0.0}
     plan_target = rule_cls.plan_target
 
     def timed(self, *args, **kwargs):
@@ -129,7 +130,7 @@ def timing_plans(rule_cls: type) -> dict[str, float]:
         try:
             return plan_target(self, *args, **kwargs)
         finally:
-            where = "step" if threading.current_thread() is threading.main_thread() else "off the step"
+            where = "step" if threading.current_thread() is threading.main_thread() else "off"
             spent[where] += time.thread_time() - start
 
     rule_cls.plan_target = timed
@@ -200,7 +201,7 @@ def main() -> int:
 
     planning_s = timing_plans(ChunkRule)
     fixed_us, identity_us, cpp_us, same_us = run_side_by_side(
-        schedulers, helpers, args, replayed=(2, 3), timing_starts=lambda: planning_s.update(dict.fromkeys(planning_s, 0.0))
+        schedulers, helpers, args, replayed=(2, 3), timing_starts=lambda: planning_s.update(step=0.0, off=0.0)
     )
     prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
     print(f"{args.decodes} decoding requests, {prompts} every 20 steps, {args.steps} steps")
@@ -213,8 +214,9 @@ def main() -> int:
         print(f"  (its batch differed from CPP's in {same_batches.differed} of {args.steps} steps)")
     print(f"CPP over upstream's loop with identity hooks: {cpp_us / identity_us:.3f}")
     print(f"CPP over upstream's loop making the same batches (the decisions' cost): {cpp_us / same_us:.3f}")
-    on_step, off_step = (planning_s[k] / args.steps * 1e6 for k in ("step", "off the step"))
-    print(f"CPP's planning: {on_step:.1f} us per step in the step (counted above), {off_step:.1f} us in the planner thread")
+    on_step, off_step = (planning_s[k] / args.steps * 1e6 for k in ("step", "off"))
+    print(f"CPP's planning per step: {on_step:.1f} us in the step (counted above),", end=" ")
+    print(f"{off_step:.1f} us in the planner thread")
     return 0
 
 

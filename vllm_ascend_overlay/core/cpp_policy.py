@@ -108,7 +108,7 @@ class CppPolicy:
         rule = self.rule
         inputs = (
             rule,
-            tuple(held),
+            list(held),
             np.array(decode_histories, dtype=np.float64),
             self.decode_share,
             max((batch.predicted_ms for _, batch in self._in_flight), default=0.0),
@@ -145,19 +145,18 @@ class CppPolicy:
         """The record of a scheduled step whose output has not come back yet."""
         return next((batch for output, batch in self._in_flight if output is scheduler_output), None)
 
-    def finished(self, scheduler_output: Any, measured_ms: float | None) -> bool:
-        """A step's output is back: its record leaves; a timed one refines the model. True if the model changed."""
+    def finished(self, scheduler_output: Any, measured_ms: float | None) -> CppBatch | None:
+        """A step's output is back: its record leaves (and is returned); a timed one refines the model,
+        and a correction it adopts is the rule's model from then on."""
         index = next((i for i, (output, _) in enumerate(self._in_flight) if output is scheduler_output), None)
         if index is None:
-            return False
+            return None
         _, batch = self._in_flight.pop(index)
-        if not batch.timed or not measured_ms:
-            return False
-        model = self.calibration.record(batch.pairs, float(measured_ms))
-        if model is None:
-            return False
-        self.budget.rule = self.rule.with_model(model)
-        return True
+        if batch.timed and measured_ms:
+            model = self.calibration.record(batch.pairs, float(measured_ms))
+            if model is not None:
+                self.budget.rule = self.rule.with_model(model)
+        return batch
 
 
 def _plan(

@@ -235,10 +235,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
         """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
-        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
+        prefills, every_waiting = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
         if prefills:
             threshold = self.scheduler_config.long_prefill_token_threshold
-            budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf)
+            budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf, every_waiting)
 
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's, or decodes
@@ -286,8 +286,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
             budget = self._cpp_step_budget
-            if budget is None or request.request_id in budget.charged:
-                return num_new_tokens  # a decode reserved at step start: never cut
+            if budget is None or num_new_tokens <= 0 or request.request_id in budget.charged:
+                return num_new_tokens  # nothing to size (a decode in flight), or a decode reserved at step start
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
                 return num_new_tokens  # decodes are reserved at step start and never cut
@@ -373,8 +373,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
         policy = self.cpp_policy
         if policy is None:
             return
-        batch = policy.batch_of(scheduler_output)
+        rule = policy.rule
         measured_ms = getattr(model_runner_output, "execution_time_ms", None)
+        batch = policy.finished(scheduler_output, measured_ms)
         if batch is not None and batch.timed and measured_ms:
             logger.debug(
                 "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
@@ -383,7 +384,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
                 batch.predicted_ms,
                 measured_ms,
             )
-        if policy.finished(scheduler_output, measured_ms):
+        if policy.rule is not rule:
             self._cpp_plan_key = self._cpp_plan_shape = None  # plan the target again with the new model
 
 

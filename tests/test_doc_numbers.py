@@ -17,6 +17,7 @@ from vllm_ascend.core import (
     cpp_calibration,
     cpp_chunk_rule,
     cpp_planner,
+    cpp_policy,
     cpp_profiling,
     cpp_samples,
     cpp_step_budget,
@@ -106,6 +107,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", f"whose predicted mean TTFT is within {cpp_planner.DECODE_SLACK:.0%} of the best")
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
+    says("docs/cpp.md", f"a plan not back within {cpp_policy.PLAN_TIMEOUT_S:g} s is a fault")
     says("docs/cpp.md", f"one behind it is still admitted; at most {cpp_step_budget.PASS_OVER_LIMIT} per step")
     says("docs/cpp.md", f"the first {cpp_step_budget.PASS_OVER_LIMIT} waiting requests (from their prefix-cache hits")
     says("docs/cpp.md", f"latest prefills is within {cpp_planner.TUNED_CHUNK_SLACK:.0%} of the least")

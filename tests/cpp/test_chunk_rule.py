@@ -404,28 +404,6 @@ def test_a_long_prompt_that_waited_as_long_as_its_work_goes_before_a_new_short_o
     assert budget.allotted["short"] > 0
 
 
-@pytest.mark.parametrize("every_waiting", [False, True])
-def test_admission_stops_when_the_allotment_held_every_waiting_request_and_gave_them_nothing(every_waiting):
-    """The allotment held every waiting request and none got a chunk: vLLM's loop need not look up
-    and pass over each of them (0 stops it); with others behind it, or one still to get its chunk,
-    a waiting request with nothing is passed over as before."""
-    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
-    rule = ChunkRule(model, LIMITS, 2)
-    plan = rule.plan(model.time_ms(1000, 0))
-    waiting = [("w1", 0, 30_000, 1.0), ("w2", 0, 40_000, 0.5)]
-    for short_behind in (False, True):
-        budget = StepBudget(rule, plan)
-        budget.allot([("long", 0, 20_000, 5.0), *waiting, *([("short", 0, 100, 0.1)] * short_behind)],
-                     every_waiting=every_waiting)  # fmt: skip
-        chunk = budget.grant(0, 20_000, 8192, "long")
-        budget.charge("long", chunk, 0)
-        assert 0 < chunk < 20_000 and budget.allotted["w1"] == budget.allotted["w2"] == 0
-        stops = every_waiting and not short_behind
-        assert budget.admit(0, 30_000, 8192, "w1") == (0 if stops else PASS_OVER)
-        if short_behind:
-            assert budget.admit(0, 100, 8192, "short") == 100
-
-
 @settings(max_examples=30, deadline=None)
 @given(rules(granule=True))
 def test_a_rule_of_any_table_answers_in_range_and_finite(rule):

@@ -39,18 +39,16 @@ def test_waiting_prompts_are_allotted_from_their_prefix_hit_as_it_is_now():
     waiting = [_request("a", 6000), _request("b", 3000)]
     scheduler, cache = _scheduler(1024, waiting)
     running = [_request("r", 8000, computed=2000)]
-    prefills, every_waiting = allotment_candidates(scheduler, running, 8, now_s=1.0)
+    prefills = allotment_candidates(scheduler, running, 8, now_s=1.0)
     assert [p[:3] for p in prefills] == [("r", 2000, 6000), ("a", 1024, 4976), ("b", 1024, 1976)]
-    assert every_waiting
     cache.hit_tokens = 2048  # another prompt cached more of theirs: the next step sees it
-    prefills, every_waiting = allotment_candidates(scheduler, running, 1, now_s=1.0)
-    assert prefills[1][:3] == ("a", 2048, 3952) and not every_waiting  # "b" is not among them
+    assert allotment_candidates(scheduler, running, 1, now_s=1.0)[1][:3] == ("a", 2048, 3952)
     assert cache.lookups == 3
 
 
 def test_one_prefill_alone_needs_no_allotment_and_no_lookup():
     scheduler, cache = _scheduler(1024, [_request("a", 6000)])
-    assert allotment_candidates(scheduler, [], 8, now_s=1.0) == ([], True)
+    assert allotment_candidates(scheduler, [], 8, now_s=1.0) == []
     assert cache.lookups == 0
 
 

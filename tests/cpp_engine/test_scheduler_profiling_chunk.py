@@ -8,6 +8,7 @@ against what the surface says.
 from __future__ import annotations
 
 import json
+import random
 import sys
 from dataclasses import dataclass, field
 from unittest import mock
@@ -730,6 +731,24 @@ def test_a_fault_in_cpp_never_reaches_the_engine_loop(tmp_path, profiled, target
     assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0]
     assert where in warnings[0] or "the step start" in warnings[0]
     assert not scheduler.uses_schedule_hooks and scheduler.cpp_rule is None
+
+
+@pytest.mark.parametrize("num_blocks, seed", [(400, 2), (300, 0), (300, 2), (300, 4), (300, 8), (270, 2), (270, 6)])
+def test_a_nearly_full_kv_cache_never_stalls_the_prefills(tmp_path, profiled, num_blocks, seed):
+    """With the KV cache nearly full, the request the allotment prefers (a preempted prompt with a
+    long prefix-cache hit) may not get its blocks, while the running prefill it held back could
+    have advanced: the next step is sized as vLLM visits, and every request finishes, as under
+    upstream's loop, with CPP still on. Without that, each of these ran empty steps forever."""
+    scheduler = cached_scheduler(tmp_path, profiled, num_blocks=num_blocks)
+    rng = random.Random(seed)
+    arrivals, wanted = [], {}
+    for i in range(12):
+        step, prompt_tokens = rng.randrange(0, 30), rng.choice([200, 900, 2500, 4000])
+        wanted[f"r{i}"] = rng.choice([4, 40, 120])
+        arrivals.append((step, request(f"r{i}", prompt_tokens, wanted[f"r{i}"], start=1000 * i + 1)))
+    generated: dict[str, int] = {}
+    helpers.run_to_completion(scheduler, arrivals, generated=generated, max_steps=2000)
+    assert generated == wanted and scheduler.cpp_policy is not None
 
 
 def test_a_burst_of_short_prompts_next_to_decodes_is_packed_into_full_batches(tmp_path, profiled):

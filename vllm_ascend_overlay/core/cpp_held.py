@@ -40,15 +40,13 @@ def prefix_hit_tokens(scheduler: Any, request: Any) -> int:
 
 def allotment_candidates(
     scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float
-) -> tuple[list[tuple[str, int, int, float]], bool]:
+) -> list[tuple[str, int, int, float]]:
     """(request, history_tokens, remaining_tokens, waited_s) of the running prefills and the first
-    ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit), and whether those are
-    every waiting request; no candidates when there is at most one (a lone prefill is sized as vLLM
-    visits it, the same chunk)."""
+    ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty when there is
+    at most one (a lone prefill is sized as vLLM visits it, the same chunk)."""
     waiting = list(itertools.islice(waiting_in_order(scheduler), waiting_limit))
-    every_waiting = len(waiting) == len(scheduler.skipped_waiting) + len(scheduler.waiting)
     if len(running_prefills) + len(waiting) < 2:
-        return [], every_waiting
+        return []
     prefills = [
         (r.request_id, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, now_s - r.arrival_time)
         for r in running_prefills
@@ -57,7 +55,7 @@ def allotment_candidates(
         history_tokens = prefix_hit_tokens(scheduler, request)
         remaining_tokens = request.num_tokens - history_tokens
         prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time))
-    return prefills, every_waiting
+    return prefills
 
 
 def plan_shape(held: list[tuple[int, int]], decoding: int) -> tuple:

@@ -54,7 +54,10 @@ token of the prefills the scheduler holds, given P stages:
    an explicit latency objective.
 
 The search runs only when the set of held prefills changes or decodes start or stop, never
-per step. Pure Python and numpy: no vLLM.
+per step, and while a batch is in flight in the planner thread (core/cpp_policy.py): it
+works on copies of the step's inputs and shares only the rule with the step (whose one
+mutable part, the cache of efficient chunks, is a dictionary: each access is atomic).
+Pure Python and numpy: no vLLM.
 """
 
 from __future__ import annotations

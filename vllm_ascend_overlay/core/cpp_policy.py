@@ -10,8 +10,8 @@ Everything CPP decides lives here, each piece with one owner:
   prefills, the decoding requests and the batches in flight, and handed to the step
   budget; the decode rule (each decoding request's share of a batch: one in P under
   synchronous scheduling, every batch under asynchronous) is applied here. While a batch
-  is in flight the plan is made off the step, in a planner thread, and adopted at the
-  next step's start: the engine waits on the device between the two (vLLM keeps P
+  is in flight the plan is made off the step, in a thread of its own (a daemon), and
+  adopted at the next step's start: the engine waits on the device between the two (vLLM keeps P
   batches in flight under pipeline parallelism and blocks on the oldest), and the
   planner runs in that wait. With nothing in flight the device waits on this step, so
   the plan is made at once and sizes the step it was made for. Either way a step's plan
@@ -26,10 +26,9 @@ Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,23 +38,29 @@ from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import Load, Traffic
+from vllm_ascend.log_adapter import get_logger
+
+logger = get_logger(__name__)
 
 __all__ = ["MAX_BATCHES_IN_FLIGHT", "PLAN_TIMEOUT_S", "CppBatch", "CppPolicy"]
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 PLAN_TIMEOUT_S = 30.0  # a plan takes milliseconds; one not back by then is a fault (CPP off), never a hang
 
-_planner_lock = threading.Lock()
-_planner: tuple[int, ThreadPoolExecutor] | None = None  # (the process it was started in, the planner thread)
 
+def _plan_off_the_step(*inputs: Any) -> Future:
+    """``_plan(*inputs)`` in a thread of its own (a daemon: a plan that never ends holds up neither
+    the engine nor the process's exit); the future gets its plan or its exception."""
+    future: Future = Future()
 
-def _planner_thread() -> ThreadPoolExecutor:
-    """The process's one planner thread, started at first use (again in a child process after a fork)."""
-    global _planner
-    with _planner_lock:
-        if _planner is None or _planner[0] != os.getpid():
-            _planner = (os.getpid(), ThreadPoolExecutor(max_workers=1, thread_name_prefix="cpp-planner"))
-        return _planner[1]
+    def run() -> None:
+        try:
+            future.set_result(_plan(*inputs))
+        except BaseException as error:  # (any fault goes to the step that adopts the plan)
+            future.set_exception(error)
+
+    threading.Thread(target=run, name="cpp-planner", daemon=True).start()
+    return future
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,9 @@ class CppPolicy:
 
     def replan(self, held: Sequence[tuple[int, int]], decode_histories: Sequence[int]) -> None:
         """Plan the target for the held prefills ((history, remaining) in FCFS order) and the decoding
-        requests' histories: at once with nothing in flight, else in the planner thread, adopted at the
-        next step's start (``adopt_plan``). The inputs are taken now, so the plan is this step's."""
+        requests' histories: at once with nothing in flight, else in a planner thread, adopted at the
+        next step's start (``adopt_plan``; this step keeps the plan it has). The inputs are this
+        step's, taken now."""
         rule = self.rule
         inputs = (
             rule,
@@ -117,8 +123,9 @@ class CppPolicy:
         self._pending = None
         if not self._in_flight:
             self.budget.plan = _plan(*inputs)
+            logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), self.plan.target_ms)
             return
-        self._pending = (_planner_thread().submit(_plan, *inputs), rule)
+        self._pending = (_plan_off_the_step(*inputs), rule)
 
     def adopt_plan(self) -> Plan | None:
         """A step starts: the plan made off the last step, if any, is the step budget's from now on
@@ -131,6 +138,7 @@ class CppPolicy:
         if rule is not self.rule:
             return None
         self.budget.plan = plan
+        logger.debug("[CPP] batch-time target %.2f ms, planned off the last step", plan.target_ms)
         return plan
 
     # ------------------------------------------------------------------ steps in flight

@@ -67,7 +67,6 @@ class StepBudget:
         self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
         self.passed_over = 0  # waiting requests passed over in this step
         self.allotted: dict[str, int] = {}  # request -> chunk, worked out in response-ratio order (``allot``)
-        self.allotted_every_waiting = False  # ... and it holds every waiting request
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
@@ -92,7 +91,6 @@ class StepBudget:
         prefills: Sequence[tuple[str, int, int, float]],
         step_tokens: float = math.inf,
         request_tokens: float = math.inf,
-        every_waiting: bool = False,
     ) -> None:
         """Work out this step's prefill chunks before vLLM visits them, highest response ratio first.
 
@@ -107,10 +105,8 @@ class StepBudget:
         step: among ones that have just come, the shortest first). ``grant`` and ``admit`` then
         answer from this allotment. ``step_tokens`` is vLLM's token budget for the step (the
         reserved decodes' tokens come off it), ``request_tokens`` its cap on one request's.
-        ``every_waiting``: ``prefills`` hold every waiting request, so none is visited unallotted.
         """
         self.allotted = {}
-        self.allotted_every_waiting = every_waiting
         if len(prefills) < 2:
             return  # one prefill: granted as visited, the same chunk
         model, used_ms, prefill_tokens = self.rule.model, self.used_ms, self.prefill_tokens
@@ -198,21 +194,12 @@ class StepBudget:
     def admit(self, history_tokens: int, remaining_tokens: int, allowed_tokens: int, request_id: str = "") -> int:
         """``grant`` for a waiting request; ``PASS_OVER`` when it gets nothing and has at least as many
         tokens left as a prefill this step does not finish, or was allotted nothing (a shorter request
-        behind it may still be admitted), 0 to stop admission for this step (first come, first served).
-
-        When the allotment held every waiting request and none of them, nor any prefill not yet
-        charged, got a chunk, no request behind this one can be admitted: 0, so that vLLM's loop
-        does not look each of them up in the prefix cache only to pass it over (the queue keeps
-        its order either way)."""
+        behind it may still be admitted), 0 to stop admission for this step (first come, first served)."""
         granted = self.grant(history_tokens, remaining_tokens, allowed_tokens, request_id)
-        if granted > 0:
-            return granted
-        if request_id in self.allotted and self.allotted_every_waiting:
-            charged = self.charged
-            if all(chunk <= 0 or other in charged for other, chunk in self.allotted.items()):
-                return 0
-        if (remaining_tokens >= self.unfinished_tokens or request_id in self.allotted) and (
-            self.passed_over < PASS_OVER_LIMIT
+        if (
+            granted <= 0
+            and (remaining_tokens >= self.unfinished_tokens or request_id in self.allotted)
+            and self.passed_over < PASS_OVER_LIMIT
         ):
             self.passed_over += 1
             return PASS_OVER

@@ -17,14 +17,14 @@ Here is only the bookkeeping:
   has waited on ``cpp_clock``, the clock of arrival times), and every prefill vLLM visits,
   running or waiting, gets its allotment or else its chunk of what is left, at its true
   history (prefix-cache hits included); a grant of 0 skips a running request, and passes
-  over a waiting one (the next may be shorter) or stops admission. A step with no prefill
-  left and none waiting holds decodes only and is not sized (nor looked at per request);
+  over a waiting one (the next may be shorter) or stops admission. After a sized step that
+  advanced no prefill (the one allotted got no KV blocks), one step is sized as vLLM
+  visits. A step with no prefill left and none waiting is not sized;
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
   prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
   from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
   admission will), the decodes' share of a batch and the largest batch still in flight;
-  while a batch is in flight, in a planner thread during the engine's wait on the device,
-  for the next step (core/cpp_policy.py);
+  with a batch in flight, off the step (core/cpp_policy.py);
 - timing: a step that holds a prefill chunk is marked for timing
   (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
   timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
@@ -88,6 +88,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
+        self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
 
     # ------------------------------------------------------------------ start-up
@@ -202,9 +203,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget = self.cpp_policy.budget
         budget.start()
-        plan = self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
-        if plan is not None:
-            logger.debug("[CPP] batch-time target %.2f ms planned", plan.target_ms)
+        self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
         # decodes only: nothing to size, and the per-request bookkeeping is skipped.
@@ -230,15 +229,20 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget.reserve_decodes(decodes)
         self._cpp_open_prefills = prefills  # and, after the step, the prefills it admitted
         self._plan_if_prefills_changed(prefills)
-        self._allot(budget, prefills, token_budget)
+        if self._cpp_stalled:
+            # The last sized step advanced no prefill (the one allotted got no KV blocks): this
+            # one sizes them as vLLM visits them, running ones first, as upstream's loop does.
+            self._cpp_stalled = False
+        else:
+            self._allot(budget, prefills, token_budget)
         return token_budget
 
     def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
         """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
-        prefills, every_waiting = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
+        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
         if prefills:
             threshold = self.scheduler_config.long_prefill_token_threshold
-            budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf, every_waiting)
+            budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf)
 
     def _plan_if_prefills_changed(self, running_prefills: list) -> None:
         """Plan the target again when the held prefills differ from the last plan's, or decodes
@@ -343,6 +347,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget, timed = policy.budget, False
         if self._cpp_sizing:
             budget.settle(scheduler_output.num_scheduled_tokens)
+            self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
             # The prefills still short of their prompt after this step; admitted ones included.
             requests, charged = self.requests, budget.prefills
             candidates = [r for r in self._cpp_open_prefills if r.request_id not in charged]

@@ -11,9 +11,9 @@ Everything CPP decides lives here, each piece with one owner:
   budget; the decode rule (each decoding request's share of a batch: one in P under
   synchronous scheduling, every batch under asynchronous) is applied here. While a batch
   is in flight the plan is made off the step, in a thread of its own (a daemon), and
-  adopted at the next step's start: the engine waits on the device between the two (vLLM keeps P
-  batches in flight under pipeline parallelism and blocks on the oldest), and the
-  planner runs in that wait. With nothing in flight the device waits on this step, so
+  adopted at the next step's start: the engine waits on the device between the two
+  (vLLM keeps P batches in flight under pipeline parallelism and blocks on the oldest),
+  and the planner runs in that wait. With nothing in flight the device waits on this step, so
   the plan is made at once and sizes the step it was made for. Either way a step's plan
   is the same whatever the threads' timing: the next step's start waits for it;
 - the traffic (``Traffic``: the latest arrivals and the sizes of the latest prefills) is
@@ -46,6 +46,25 @@ __all__ = ["MAX_BATCHES_IN_FLIGHT", "PLAN_TIMEOUT_S", "CppBatch", "CppPolicy"]
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 PLAN_TIMEOUT_S = 30.0  # a plan takes milliseconds; one not back by then is a fault (CPP off), never a hang
+
+
+def _plan(
+    rule: ChunkRule,
+    held: Sequence[tuple[int, int]],
+    decode_histories: np.ndarray,
+    decode_share: float,
+    inflight_ms: float,
+    load: Load,
+) -> Plan:
+    """The plan for these inputs (core/cpp_planner.py); its decodes cost their share of each batch."""
+    decode_ms = decode_share * float(rule.model.decode_ms_many(decode_histories).sum())
+    return rule.plan_target(
+        held,
+        fixed_ms=rule.model.fixed_ms + decode_ms,
+        inflight_ms=inflight_ms,
+        decoding=len(decode_histories),
+        load=load,
+    )
 
 
 def _plan_off_the_step(*inputs: Any) -> Future:
@@ -165,22 +184,3 @@ class CppPolicy:
             if model is not None:
                 self.budget.rule = self.rule.with_model(model)
         return batch
-
-
-def _plan(
-    rule: ChunkRule,
-    held: Sequence[tuple[int, int]],
-    decode_histories: np.ndarray,
-    decode_share: float,
-    inflight_ms: float,
-    load: Load,
-) -> Plan:
-    """The plan for these inputs (core/cpp_planner.py); its decodes cost their share of each batch."""
-    decode_ms = decode_share * float(rule.model.decode_ms_many(decode_histories).sum())
-    return rule.plan_target(
-        held,
-        fixed_ms=rule.model.fixed_ms + decode_ms,
-        inflight_ms=inflight_ms,
-        decoding=len(decode_histories),
-        load=load,
-    )

@@ -145,7 +145,7 @@ def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
     tree = parse_file(BENCH_DIR / "cpp_sched_overhead.py")
     source = ast.unparse(tree)
     decodes = re.search(r"'--decodes', type=int, default=(\d+)", source).group(1)
-    every = re.search(r"if step % (\d+) == 0", source).group(1)
+    every = re.search(r"'--every', type=int, default=(\d+)", source).group(1)
     length = re.search(r"start_id \+ (\d+) // \(k \+ 1\)", source).group(1)
     says("docs/cpp.md", f"({decodes} decoding requests, a {length}-token prompt every {every} steps)")
     device_ms = float(re.search(r"'--device-ms', type=float, default=([\d.]+)", source).group(1))

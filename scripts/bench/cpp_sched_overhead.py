@@ -96,7 +96,7 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
     for first in range(0, args.steps, args.block):
         for index, scheduler in enumerate(schedulers):
             for step in range(first, min(first + args.block, args.steps)):
-                if step % 20 == 0:
+                if step % args.every == 0:
                     for k in range(args.burst):
                         start_id = 10**6 + 10_000 * (step * args.burst + k)
                         prompt = list(range(start_id, start_id + 6000 // (k + 1)))
@@ -141,7 +141,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decodes", type=int, default=128)
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--burst", type=int, default=1, help="prompts arriving together every 20 steps")
+    parser.add_argument("--burst", type=int, default=1, help="prompts arriving together every --every steps")
+    parser.add_argument("--every", type=int, default=20, help="steps between arrivals of prompts")
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages CPP plans for (CPP needs at least 2)")
     parser.add_argument("--block", type=int, default=20, help="steps each scheduler runs in turn (1: lock-step)")
     parser.add_argument(
@@ -204,7 +205,7 @@ def main() -> int:
         schedulers, helpers, args, replayed=(2, 3), timing_starts=lambda: planning_s.update(step=0.0, off=0.0)
     )
     prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
-    print(f"{args.decodes} decoding requests, {prompts} every 20 steps, {args.steps} steps")
+    print(f"{args.decodes} decoding requests, {prompts} every {args.every} steps, {args.steps} steps")
     print(f"{args.in_flight} batch(es) in flight, {args.device_ms:g} ms on the device between steps (untimed)")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")

@@ -7,7 +7,9 @@ see the same thing:
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
-  prefix-cache hit (a lookup as admission makes it; nothing is held);
+  prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
+  keeps each for one pipeline round, so that a prompt passed over step after step is
+  not looked up in every one;
 - ``allotment_candidates``: the running prefills and the first waiting requests as
   (request, history, remaining, waited), for ``StepBudget.allot``.
 
@@ -22,7 +24,9 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
+__all__ = ["PrefixHits", "allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
+
+_PRUNE_ABOVE = 1024  # hits kept before the stale ones are dropped
 
 
 def waiting_in_order(scheduler: Any) -> Iterator[Any]:
@@ -38,8 +42,40 @@ def prefix_hit_tokens(scheduler: Any, request: Any) -> int:
     return int(manager.coordinator.find_longest_cache_hit(request.block_hashes, request.num_tokens - 1)[1])
 
 
+class PrefixHits:
+    """Waiting prompts' prefix-cache hits, each looked up at most once in ``max_age_steps`` steps.
+
+    A lookup walks the prompt's block hashes: the dearest part of a step's allotment when a
+    long prompt is passed over step after step (it waits for an unfinished prefill). A hit read
+    up to one pipeline round ago only orders and sizes the allotment and the plan; admission
+    looks it up itself, and a grant is never more than what is left of the prompt then. A
+    request that changed (preempted, with its output since) is looked up again.
+    """
+
+    def __init__(self, max_age_steps: int) -> None:
+        self.max_age_steps = max(1, int(max_age_steps))
+        self.step = 0
+        self._hits: dict[str, tuple[int, int, int]] = {}  # request -> hit tokens, step looked up, its num_tokens
+
+    def next_step(self) -> None:
+        self.step += 1
+        if len(self._hits) > _PRUNE_ABOVE:
+            oldest = self.step - self.max_age_steps
+            self._hits = {key: kept for key, kept in self._hits.items() if kept[1] > oldest}
+
+    def tokens(self, scheduler: Any, request: Any) -> int:
+        """``prefix_hit_tokens``, as looked up within the last ``max_age_steps`` steps."""
+        kept = self._hits.get(request.request_id)
+        num_tokens = request.num_tokens
+        if kept is not None and self.step - kept[1] < self.max_age_steps and kept[2] == num_tokens:
+            return kept[0]
+        hit = prefix_hit_tokens(scheduler, request)
+        self._hits[request.request_id] = (hit, self.step, num_tokens)
+        return hit
+
+
 def allotment_candidates(
-    scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float
+    scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float, hits: PrefixHits
 ) -> list[tuple[str, int, int, float]]:
     """(request, history_tokens, remaining_tokens, waited_s) of the running prefills and the first
     ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty when there is
@@ -52,7 +88,7 @@ def allotment_candidates(
         for r in running_prefills
     ]
     for request in waiting:
-        history_tokens = prefix_hit_tokens(scheduler, request)
+        history_tokens = hits.tokens(scheduler, request)
         remaining_tokens = request.num_tokens - history_tokens
         prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time))
     return prefills

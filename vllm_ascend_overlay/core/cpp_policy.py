@@ -26,6 +26,8 @@ Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
+import logging
+import queue
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -45,6 +47,7 @@ logger = get_logger(__name__)
 __all__ = ["MAX_BATCHES_IN_FLIGHT", "PLAN_TIMEOUT_S", "CppBatch", "CppPolicy"]
 
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
+PLANNER_IDLE_S = 5.0  # the planner thread ends after this long without a plan to make
 PLAN_TIMEOUT_S = 30.0  # a plan takes milliseconds; one not back by then is a fault (CPP off), never a hang
 
 
@@ -67,19 +70,44 @@ def _plan(
     )
 
 
-def _plan_off_the_step(*inputs: Any) -> Future:
-    """``_plan(*inputs)`` in a thread of its own (a daemon: a plan that never ends holds up neither
-    the engine nor the process's exit); the future gets its plan or its exception."""
-    future: Future = Future()
+class _Planner:
+    """The daemon thread that makes the plans asked for off the step, one at a time.
 
-    def run() -> None:
-        try:
-            future.set_result(_plan(*inputs))
-        except BaseException as error:  # (any fault goes to the step that adopts the plan)
-            future.set_exception(error)
+    One thread serves a policy's plans: handing it one costs a queue put, where starting a
+    thread per plan costs the step a hand-over of the GIL and back. A daemon, so a plan that
+    never ends holds up neither the engine nor the process's exit; it ends after
+    ``PLANNER_IDLE_S`` without work, and a new one starts with the next plan (also in a
+    forked child, which has no threads of its parent)."""
 
-    threading.Thread(target=run, name="cpp-planner", daemon=True).start()
-    return future
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, *inputs: Any) -> Future:
+        """``_plan(*inputs)`` in the planner thread; the future gets its plan or its exception."""
+        future: Future = Future()
+        with self._lock:
+            self._jobs.put((future, inputs))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name="cpp-planner", daemon=True)
+                self._thread.start()
+        return future
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                future, inputs = self._jobs.get(timeout=PLANNER_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._jobs.empty():  # (a plan handed over meanwhile is served first)
+                        self._thread = None
+                        return
+                continue
+            try:
+                future.set_result(_plan(*inputs))
+            except BaseException as error:  # (any fault goes to the step that adopts the plan)
+                future.set_exception(error)
 
 
 @dataclass(frozen=True)
@@ -114,6 +142,7 @@ class CppPolicy:
         # scheduling counts that token as a placeholder and schedules it in every batch.
         self.decode_share = 1.0 if asynchronous else 1.0 / max(1, num_stages)
         self._in_flight: list[tuple[Any, CppBatch]] = []  # (SchedulerOutput, its record), oldest first
+        self._planner = _Planner()
         self._pending: tuple[Future, ChunkRule] | None = None  # a plan made off the step, and the rule it used
         self.traffic = Traffic()
 
@@ -144,7 +173,7 @@ class CppPolicy:
             self.budget.plan = _plan(*inputs)
             logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), self.plan.target_ms)
             return
-        self._pending = (_plan_off_the_step(*inputs), rule)
+        self._pending = (self._planner.submit(*inputs), rule)
 
     def adopt_plan(self) -> Plan | None:
         """A step starts: the plan made off the last step, if any, is the step budget's from now on
@@ -180,6 +209,15 @@ class CppPolicy:
             return None
         _, batch = self._in_flight.pop(index)
         if batch.timed and measured_ms:
+            if logger.isEnabledFor(logging.DEBUG):
+                pairs = batch.pairs
+                logger.debug(
+                    "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
+                    len(pairs),
+                    sum(chunk for chunk, _ in pairs),
+                    batch.predicted_ms,
+                    measured_ms,
+                )
             model = self.calibration.record(batch.pairs, float(measured_ms))
             if model is not None:
                 self.budget.rule = self.rule.with_model(model)

@@ -52,7 +52,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
-from vllm_ascend.core.cpp_held import allotment_candidates, plan_shape, prefix_hit_tokens, waiting_in_order
+from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
@@ -90,6 +90,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
+        self._cpp_prefix_hits = PrefixHits(self.parallel_config.pipeline_parallel_size)  # kept a pipeline round
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -203,6 +204,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
         budget = self.cpp_policy.budget
         budget.start()
+        self._cpp_prefix_hits.next_step()
         self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
         # A running request becomes a prefill only by admission from the waiting queue, so
         # with none waiting and no prefill left from the last sized step, the step holds
@@ -239,7 +241,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
         """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
-        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, self.cpp_clock())
+        now_s, hits = self.cpp_clock(), self._cpp_prefix_hits
+        prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, now_s, hits)
         if prefills:
             threshold = self.scheduler_config.long_prefill_token_threshold
             budget.allot(prefills, token_budget, threshold if threshold > 0 else math.inf)
@@ -262,7 +265,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         for index, request in enumerate([*running_prefills, *waiting]):
             history_tokens = request.num_computed_tokens
             if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
-                history_tokens = prefix_hit_tokens(self, request)
+                history_tokens = self._cpp_prefix_hits.tokens(self, request)
             remaining_tokens = request.num_tokens - history_tokens
             if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):  # sizes with their cache hits out
                 self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
@@ -379,16 +382,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if policy is None:
             return
         rule = policy.rule
-        measured_ms = getattr(model_runner_output, "execution_time_ms", None)
-        batch = policy.finished(scheduler_output, measured_ms)
-        if batch is not None and batch.timed and measured_ms:
-            logger.debug(
-                "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
-                len(batch.pairs),
-                sum(chunk for chunk, _ in batch.pairs),
-                batch.predicted_ms,
-                measured_ms,
-            )
+        policy.finished(scheduler_output, getattr(model_runner_output, "execution_time_ms", None))
         if policy.rule is not rule:
             self._cpp_plan_key = self._cpp_plan_shape = None  # plan the target again with the new model
 

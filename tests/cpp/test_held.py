@@ -35,40 +35,23 @@ def _request(request_id: str, num_tokens: int, arrival_time: float = 0.0, comput
     )
 
 
-def test_waiting_prompts_are_allotted_from_their_prefix_hit_read_within_a_pipeline_round():
+def test_waiting_prompts_are_allotted_from_their_prefix_hit_as_it_is_now():
     waiting = [_request("a", 6000), _request("b", 3000)]
     scheduler, cache = _scheduler(1024, waiting)
     running = [_request("r", 8000, computed=2000)]
-    hits = PrefixHits(max_age_steps=2)
+    hits = PrefixHits()
     prefills = allotment_candidates(scheduler, running, 8, 1.0, hits)
     assert [p[:3] for p in prefills] == [("r", 2000, 6000), ("a", 1024, 4976), ("b", 1024, 1976)]
-    cache.hit_tokens = 2048  # another prompt cached more of theirs
-    hits.next_step()  # within the round: the hits read in it stand, no lookup
-    assert allotment_candidates(scheduler, running, 8, 1.0, hits)[1][:3] == ("a", 1024, 4976)
-    assert cache.lookups == 2
-    hits.next_step()  # the next round reads them again
+    assert hits.tokens(scheduler, waiting[0]) == 1024 and cache.lookups == 2  # the plan of the same step
+    cache.hit_tokens = 2048  # another prompt cached more of theirs: the next step sees it
+    hits.next_step()
     assert allotment_candidates(scheduler, running, 1, 1.0, hits)[1][:3] == ("a", 2048, 3952)
     assert cache.lookups == 3
 
 
-def test_a_request_that_changed_is_looked_up_again_and_stale_hits_are_dropped():
-    scheduler, cache = _scheduler(1024, [])
-    hits = PrefixHits(max_age_steps=4)
-    preempted = _request("p", 6000)
-    assert hits.tokens(scheduler, preempted) == 1024
-    preempted.num_tokens = 6010  # back in the queue with ten output tokens: its own blocks may be cached
-    cache.hit_tokens = 4096
-    assert hits.tokens(scheduler, preempted) == 4096 and cache.lookups == 2
-    for i in range(1100):  # many prompts passed through; only the last round's are kept
-        hits.tokens(scheduler, _request(f"r{i}", 3000))
-        hits.next_step()
-    assert len(hits._hits) <= 1024
-    assert "p" not in hits._hits
-
-
 def test_one_prefill_alone_needs_no_allotment_and_no_lookup():
     scheduler, cache = _scheduler(1024, [_request("a", 6000)])
-    assert allotment_candidates(scheduler, [], 8, 1.0, PrefixHits(2)) == []
+    assert allotment_candidates(scheduler, [], 8, 1.0, PrefixHits()) == []
     assert cache.lookups == 0
 
 

@@ -8,8 +8,7 @@ see the same thing:
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
-  keeps each for one pipeline round, so that a prompt passed over step after step is
-  not looked up in every one;
+  makes it once a step for the plan and the allotment;
 - ``allotment_candidates``: the running prefills and the first waiting requests as
   (request, history, remaining, waited), for ``StepBudget.allot``.
 
@@ -26,8 +25,6 @@ from typing import Any
 
 __all__ = ["PrefixHits", "allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
 
-_PRUNE_ABOVE = 1024  # hits kept before the stale ones are dropped
-
 
 def waiting_in_order(scheduler: Any) -> Iterator[Any]:
     """The waiting requests in the order admission takes them: those passed over before first."""
@@ -43,34 +40,25 @@ def prefix_hit_tokens(scheduler: Any, request: Any) -> int:
 
 
 class PrefixHits:
-    """Waiting prompts' prefix-cache hits, each looked up at most once in ``max_age_steps`` steps.
+    """Waiting prompts' prefix-cache hits, each looked up once a step.
 
-    A lookup walks the prompt's block hashes: the dearest part of a step's allotment when a
-    long prompt is passed over step after step (it waits for an unfinished prefill). A hit read
-    up to one pipeline round ago only orders and sizes the allotment and the plan; admission
-    looks it up itself, and a grant is never more than what is left of the prompt then. A
-    request that changed (preempted, with its output since) is looked up again.
+    A lookup walks the prompt's block hashes. The plan and the allotment of one step read
+    the same waiting prompts, and nothing is cached or evicted between them, so they share
+    the lookup; the next step looks again (other prompts fill the cache meanwhile, and a
+    hit read a step ago may be wrong).
     """
 
-    def __init__(self, max_age_steps: int) -> None:
-        self.max_age_steps = max(1, int(max_age_steps))
-        self.step = 0
-        self._hits: dict[str, tuple[int, int, int]] = {}  # request -> hit tokens, step looked up, its num_tokens
+    def __init__(self) -> None:
+        self._hits: dict[str, int] = {}  # request -> hit tokens, this step
 
     def next_step(self) -> None:
-        self.step += 1
-        if len(self._hits) > _PRUNE_ABOVE:
-            oldest = self.step - self.max_age_steps
-            self._hits = {key: kept for key, kept in self._hits.items() if kept[1] > oldest}
+        self._hits = {}
 
     def tokens(self, scheduler: Any, request: Any) -> int:
-        """``prefix_hit_tokens``, as looked up within the last ``max_age_steps`` steps."""
-        kept = self._hits.get(request.request_id)
-        num_tokens = request.num_tokens
-        if kept is not None and self.step - kept[1] < self.max_age_steps and kept[2] == num_tokens:
-            return kept[0]
-        hit = prefix_hit_tokens(scheduler, request)
-        self._hits[request.request_id] = (hit, self.step, num_tokens)
+        """``prefix_hit_tokens``, as looked up in this step."""
+        hit = self._hits.get(request.request_id)
+        if hit is None:
+            hit = self._hits[request.request_id] = prefix_hit_tokens(scheduler, request)
         return hit
 
 

@@ -90,7 +90,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
-        self._cpp_prefix_hits = PrefixHits(self.parallel_config.pipeline_parallel_size)  # kept a pipeline round
+        self._cpp_prefix_hits = PrefixHits()  # looked up once a step
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:

@@ -88,6 +88,24 @@ def test_with_a_batch_in_flight_the_plan_is_made_off_the_step_and_is_the_same_pl
     assert inflight_ms > 0
 
 
+def test_one_planner_thread_serves_the_plans_and_ends_when_idle(model, monkeypatch):
+    """Plans asked for one after another are made on the same thread (no thread started per plan);
+    without work it ends, and the next plan starts another (as in a forked child, which has none)."""
+    monkeypatch.setattr(cpp_policy, "PLANNER_IDLE_S", 0.2)
+    threads = planning_threads(monkeypatch)
+    policy = policy_of(model)
+    put_in_flight(policy)
+    for _ in range(3):
+        policy.replan(HELD, DECODING)
+        assert policy.adopt_plan() is not None
+    assert len(threads) == 3 and len(set(threads)) == 1 and threads[0] is not threading.current_thread()
+    threads[0].join(timeout=5.0)
+    assert not threads[0].is_alive(), "an idle planner thread ends"
+    policy.replan(HELD, DECODING)
+    assert policy.adopt_plan() is not None
+    assert threads[-1] is not threads[0] and threads[-1] is not threading.current_thread()
+
+
 def test_a_plan_made_with_a_model_since_replaced_is_dropped(model):
     policy = policy_of(model)
     put_in_flight(policy)

@@ -10,7 +10,7 @@ Everything CPP decides lives here, each piece with one owner:
   prefills, the decoding requests and the batches in flight, and handed to the step
   budget; the decode rule (each decoding request's share of a batch: one in P under
   synchronous scheduling, every batch under asynchronous) is applied here. While a batch
-  is in flight the plan is made off the step, in a thread of its own (a daemon), and
+  is in flight the plan is made off the step, in the policy's planner thread (a daemon), and
   adopted at the next step's start: the engine waits on the device between the two
   (vLLM keeps P batches in flight under pipeline parallelism and blocks on the oldest),
   and the planner runs in that wait. With nothing in flight the device waits on this step, so

@@ -209,8 +209,8 @@ class CppPolicy:
             return None
         _, batch = self._in_flight.pop(index)
         if batch.timed and measured_ms:
+            pairs = batch.pairs
             if logger.isEnabledFor(logging.DEBUG):
-                pairs = batch.pairs
                 logger.debug(
                     "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms",
                     len(pairs),
@@ -218,7 +218,7 @@ class CppPolicy:
                     batch.predicted_ms,
                     measured_ms,
                 )
-            model = self.calibration.record(batch.pairs, float(measured_ms))
+            model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:
                 self.budget.rule = self.rule.with_model(model)
         return batch

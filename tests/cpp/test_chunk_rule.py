@@ -327,12 +327,12 @@ def test_two_long_prompts_run_one_after_the_other_and_a_short_one_joins_them():
     assert budget.admit(0, 70_000, 8192) == PASS_OVER
 
 
-def run_allotted_step(rule, plan, decodes, prefills, waited_s):
+def run_allotted_step(rule, plan, decodes, prefills, waited_s, started):
     """As ``run_step``, with the prefills allotted at step start (as the scheduler does), then visited in order."""
     budget = StepBudget(rule, plan)
     budget.reserve_decodes((f"decode-{index}", n, h) for index, (n, h) in enumerate(decodes))
     budget.allot(
-        [(f"prefill-{i}", h, r, waited_s[i]) for i, (h, r, _) in enumerate(prefills)],
+        [(f"prefill-{i}", h, r, waited_s[i], started[i]) for i, (h, r, _) in enumerate(prefills)],
     )
     granted = []
     for index, (history_tokens, remaining_tokens, allowed_tokens) in enumerate(prefills):
@@ -350,7 +350,8 @@ def test_an_allotted_step_leaves_at_most_one_prefill_unfinished_and_fits_the_tar
     gets tokens finishes in the batch but one, and the batch keeps to the target as granting does."""
     rule, plan, decodes, prefills = step
     waited_s = [data.draw(st.floats(0.0, 1e4), label=f"waited-{i}") for i in range(len(prefills))]
-    budget, granted = run_allotted_step(rule, plan, decodes, prefills, waited_s)
+    started = [data.draw(st.booleans(), label=f"started-{i}") for i in range(len(prefills))]
+    budget, granted = run_allotted_step(rule, plan, decodes, prefills, waited_s, started)
     allotted = [budget.allotted.get(f"prefill-{i}", 0) for i in range(len(prefills))] if len(prefills) > 1 else granted
     assert sum(0 < a < remaining for a, (_, remaining, _) in zip(allotted, prefills, strict=True)) <= 1
     for chunk_tokens, limit, (_, remaining_tokens, allowed_tokens) in zip(granted, allotted, prefills, strict=True):
@@ -365,8 +366,8 @@ def test_an_allotted_step_leaves_at_most_one_prefill_unfinished_and_fits_the_tar
         assert budget.used_ms <= max(tail_ms, reserved_ms + first_floor_ms) * (1 + 1e-9) + 1e-9
 
 
-def test_a_short_prompt_visited_after_a_long_one_is_sized_first():
-    """vLLM visits the running long prompt first; allotted, the short one behind it takes the tokens it
+def test_a_short_prompt_waiting_behind_a_long_one_is_sized_first():
+    """vLLM visits the older long prompt first; allotted, the short one behind it takes the tokens it
     finishes with and the long one what is left, not the other way round (nothing, or a crumb a step,
     for the short one)."""
     model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
@@ -378,13 +379,30 @@ def test_a_short_prompt_visited_after_a_long_one_is_sized_first():
     visited.charge("long", wanted, 20_000)
     assert visited.grant(0, 400, 8192) < 400
     budget = StepBudget(rule, plan)
-    budget.allot([("long", 20_000, 30_000, 5.0), ("short", 0, 400, 0.1)])
+    budget.allot([("long", 20_000, 30_000, 5.0, False), ("short", 0, 400, 0.1, False)])
     long_chunk = budget.grant(20_000, 30_000, 8192, "long")
     budget.charge("long", long_chunk, 20_000)
     assert budget.grant(0, 400, 8192, "short") == 400
     budget.charge("short", 400, 0)
     assert 0 < long_chunk < wanted
     assert budget.used_ms <= plan.target_ms * (1 + 1e-9)
+
+
+def test_a_started_prefill_runs_on_before_a_new_short_one():
+    """Highest response ratio next does not preempt: a long prompt that has started keeps its chunk,
+    and a short one that comes meanwhile gets tokens only where it finishes in what is left (else it
+    would decode beside every chunk of the long one), then waits for the long one's end."""
+    model = measured_model(TRUE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 2)
+    plan = rule.plan(model.time_ms(2000, 20_000))
+    wanted = rule.wanted_chunk(20_000, 30_000, plan)
+    budget = StepBudget(rule, plan)
+    budget.allot([("short", 0, 400, 0.1, False), ("long", 20_000, 30_000, 0.0, True)])
+    assert budget.allotted == {"long": wanted, "short": 0}
+    assert budget.admit(0, 400, 8192, "short") == PASS_OVER  # keeps its place ahead of later arrivals
+    fits = StepBudget(rule, plan)  # a shorter started one leaves room: the new one finishes beside it
+    fits.allot([("short", 0, 40, 0.1, False), ("started", 1000, 500, 0.0, True)])
+    assert fits.allotted == {"started": 500, "short": 40}
 
 
 def test_a_long_prompt_that_waited_as_long_as_its_work_goes_before_a_new_short_one():
@@ -396,11 +414,11 @@ def test_a_long_prompt_that_waited_as_long_as_its_work_goes_before_a_new_short_o
     tokens_per_s = 1000.0 * LIMITS.cap_tokens / model.time_ms(LIMITS.cap_tokens, 0)
     work_s = 20_000 / tokens_per_s
     budget = StepBudget(rule, plan)
-    budget.allot([("short", 0, 2000, 0.0), ("long", 0, 20_000, 2 * work_s)])
+    budget.allot([("short", 0, 2000, 0.0, False), ("long", 0, 20_000, 2 * work_s, False)])
     assert budget.allotted["long"] > 0 and budget.allotted["short"] == 0
     assert budget.admit(0, 2000, 8192, "short") == PASS_OVER  # passed over, keeps its place
-    budget.start()
-    budget.allot([("short", 0, 2000, 0.5 * work_s), ("long", 1000, 19_000, 2.5 * work_s)])
+    budget.start()  # both still waiting (the long one's 1000 tokens a prefix-cache hit)
+    budget.allot([("short", 0, 2000, 0.5 * work_s, False), ("long", 1000, 19_000, 2.5 * work_s, False)])
     assert budget.allotted["short"] > 0
 
 

@@ -42,6 +42,7 @@ def test_waiting_prompts_are_allotted_from_their_prefix_hit_as_it_is_now():
     hits = PrefixHits()
     prefills = allotment_candidates(scheduler, running, 8, 1.0, hits)
     assert [p[:3] for p in prefills] == [("r", 2000, 6000), ("a", 1024, 4976), ("b", 1024, 1976)]
+    assert [p[4] for p in prefills] == [True, False, False]  # the running one has started
     assert hits.tokens(scheduler, waiting[0]) == 1024 and cache.lookups == 2  # the plan of the same step
     cache.hit_tokens = 2048  # another prompt cached more of theirs: the next step sees it
     hits.next_step()

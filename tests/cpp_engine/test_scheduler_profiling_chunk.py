@@ -344,35 +344,40 @@ def test_the_twin_starts_ours_from_the_samples_an_engine_saved(tmp_path, profile
 
 def test_a_short_prompt_arriving_beside_a_long_one_is_sized_first_and_a_starved_one_catches_up(tmp_path, profiled):
     """The step is allotted by response ratio on the scheduler's clock (``cpp_clock``, the clock of
-    arrival times): a short prompt that arrives while a long one runs takes its whole prompt in its
-    first step, ahead of the long one vLLM visits first; a long one that has waited long comes first."""
-    scheduler = cached_scheduler(tmp_path, profiled)
+    arrival times): a short prompt that comes with a long one takes its whole prompt in its first
+    step, ahead of the long one vLLM visits first; a long one that has waited long comes first; a
+    long one that has started runs on, its chunk not cut for a short one that comes meanwhile."""
     now = [100.0]
-    scheduler.cpp_clock = lambda: now[0]
-    long = request("long", 6000, 1)
-    long.arrival_time = 100.0
-    scheduler.add_request(long)
-    alone = scheduler.schedule().num_scheduled_tokens["long"]
-    assert 0 < alone < 6000
-    short = request("short", 40, 1, start=20_000)
-    short.arrival_time = 100.0
-    scheduler.add_request(short)
-    out = scheduler.schedule()
-    step = out.num_scheduled_tokens
+
+    def scheduler_with(*prompts):
+        scheduler = cached_scheduler(tmp_path, profiled)
+        scheduler.cpp_clock = lambda: now[0]
+        for name, tokens, arrival_time in prompts:
+            prompt = request(name, tokens, 1, start=len(name) * 10_000)
+            prompt.arrival_time = arrival_time
+            scheduler.add_request(prompt)
+        return scheduler
+
+    scheduler = scheduler_with(("long", 6000, 100.0), ("short", 40, 100.0))
+    step = scheduler.schedule().num_scheduled_tokens
     assert step["short"] == 40 and step["long"] > 0 and sum(step.values()) <= BASE_CHUNK
     budget = scheduler.cpp_policy.budget
     assert budget.predicted_ms() <= budget.target_ms * (1 + TAIL_TOLERANCE)
 
-    scheduler = cached_scheduler(tmp_path, profiled)
-    scheduler.cpp_clock = lambda: now[0]
-    late = request("late", 300, 1, start=30_000)
-    late.arrival_time = now[0] = 1e6  # the long one waited a million seconds
-    old = request("old", 6000, 1)
-    old.arrival_time = 0.0
-    scheduler.add_request(old)
-    scheduler.add_request(late)
-    step = scheduler.schedule().num_scheduled_tokens
+    now[0] = 1e6  # the long one waited a million seconds
+    step = scheduler_with(("old", 6000, 0.0), ("late", 300, 1e6)).schedule().num_scheduled_tokens
     assert step.get("old", 0) > 0 and step.get("late", 0) < 300
+
+    now[0] = 100.0
+    alone = scheduler_with(("long", 6000, 100.0))
+    chunks = [alone.schedule().num_scheduled_tokens["long"] for _ in range(2)]
+    scheduler = scheduler_with(("long", 6000, 100.0))
+    assert scheduler.schedule().num_scheduled_tokens["long"] == chunks[0]
+    short = request("short", 300, 1, start=20_000)
+    short.arrival_time = 100.0
+    scheduler.add_request(short)
+    step = scheduler.schedule().num_scheduled_tokens
+    assert step["long"] == chunks[1] and step.get("short", 0) in (0, 300)  # all of it beside, or none
 
 
 def test_decodes_that_fill_the_budget_do_not_starve_the_first_prefill(tmp_path, profiled, monkeypatch):

@@ -30,8 +30,9 @@ from the measured latency model t(C, H) (core/cpp_latency_model.py) alone:
    its last chunk when that step still fits T (times ``1 + tail_tolerance``).
 3. ``StepBudget`` (core/cpp_step_budget.py) applies rule 1 within one scheduling step:
    running decodes are reserved first (never cut), then the running prefills and the
-   first waiting requests are allotted their chunks in response-ratio order, each cut to
-   what is left of T, and at most one of them left unfinished; a prefill visited without
+   first waiting requests are allotted their chunks, the running ones first and the
+   waiting ones in response-ratio order, each cut to what is left of T, and at most one
+   of them left unfinished; a prefill visited without
    an allotment gets tokens only if it finishes in the batch or has fewer left than the
    unfinished one. The step's first prefill always advances by at least the floor, so
    prefills never starve behind decodes.

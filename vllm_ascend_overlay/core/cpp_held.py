@@ -10,7 +10,7 @@ see the same thing:
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
   makes it once a step for the plan and the allotment;
 - ``allotment_candidates``: the running prefills and the first waiting requests as
-  (request, history, remaining, waited), for ``StepBudget.allot``.
+  (request, history, remaining, waited, started), for ``StepBudget.allot``.
 
 ``plan_shape`` is what a plan depends on, coarsely, so that a stream of prompts of the
 same sizes does not plan again. Nothing here is called per request of the loop.
@@ -64,21 +64,21 @@ class PrefixHits:
 
 def allotment_candidates(
     scheduler: Any, running_prefills: list, waiting_limit: int, now_s: float, hits: PrefixHits
-) -> list[tuple[str, int, int, float]]:
-    """(request, history_tokens, remaining_tokens, waited_s) of the running prefills and the first
-    ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty when there is
-    at most one (a lone prefill is sized as vLLM visits it, the same chunk)."""
+) -> list[tuple[str, int, int, float, bool]]:
+    """(request, history_tokens, remaining_tokens, waited_s, started) of the running prefills (started)
+    and the first ``waiting_limit`` waiting requests (a waiting one from its prefix-cache hit); empty
+    when there is at most one (a lone prefill is sized as vLLM visits it, the same chunk)."""
     waiting = list(itertools.islice(waiting_in_order(scheduler), waiting_limit))
     if len(running_prefills) + len(waiting) < 2:
         return []
     prefills = [
-        (r.request_id, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, now_s - r.arrival_time)
+        (r.request_id, r.num_computed_tokens, r.num_tokens - r.num_computed_tokens, now_s - r.arrival_time, True)
         for r in running_prefills
     ]
     for request in waiting:
         history_tokens = hits.tokens(scheduler, request)
         remaining_tokens = request.num_tokens - history_tokens
-        prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time))
+        prefills.append((request.request_id, history_tokens, remaining_tokens, now_s - request.arrival_time, False))
     return prefills
 
 

@@ -7,17 +7,21 @@ sized, each its chunk cut to what is left of the batch-time target T.
 Order. vLLM visits running requests in admission order, then waiting ones. Sized as
 visited, an old long prompt fills the batch and a short one behind it gets a crumb a
 step, one token step after step. So at step start the running prefills and the first
-waiting requests are allotted their chunks (``allot``) in order of response ratio,
-(waited + work left) / work left: the shortest first, the mean TTFT's gain, while a long
-prompt gains on a new short one as it waits, so a stream of short prompts cannot starve
-it. Of the allotted prefills, one a step may stay unfinished; the others finish in it. Two
-long prompts thus run one after the other, as under a fixed chunk, not side by side at
-half pace each, which would delay the first one's first token and keep the decodes beside
-them waiting on both. Prefills visited without an allotment (waiting further back) get
-tokens only if they finish in the batch or have fewer left than the unfinished one
-(shortest remaining first). A waiting request that gets nothing this way is passed over,
-not a stop to admission (``admit``), so shorter ones behind it are still reached; at most
-``PASS_OVER_LIMIT`` per step, which bounds the prefix-cache lookups the loop makes.
+waiting requests are allotted their chunks (``allot``): the running ones first, as vLLM
+visits them (a prefill once started runs to its end), then the waiting ones in order of
+response ratio, (waited + work left) / work left: the shortest first, the mean TTFT's
+gain, while a long prompt gains on a new short one as it waits, so a stream of short
+prompts cannot starve it (highest response ratio next, which does not preempt: a short
+prompt let in ahead of a started long one would then decode beside all of its chunks,
+each token a pipeline round of them). Of the allotted prefills, one a step may stay
+unfinished; the others finish in it. Two long prompts thus run one after the other, as
+under a fixed chunk, not side by side at half pace each, which would delay the first
+one's first token and keep the decodes beside them waiting on both. Prefills visited
+without an allotment (waiting further back) get tokens only if they finish in the batch
+or have fewer left than the unfinished one (shortest remaining first). A waiting request
+that gets nothing this way is passed over, not a stop to admission (``admit``), so
+shorter ones behind it are still reached; at most ``PASS_OVER_LIMIT`` per step, which
+bounds the prefix-cache lookups the loop makes.
 
 The step's first prefill always advances by at least the floor, so prefills never
 starve behind decodes. Pure Python and numpy: no vLLM.
@@ -88,23 +92,25 @@ class StepBudget:
 
     def allot(
         self,
-        prefills: Sequence[tuple[str, int, int, float]],
+        prefills: Sequence[tuple[str, int, int, float, bool]],
         step_tokens: float = math.inf,
         request_tokens: float = math.inf,
     ) -> None:
-        """Work out this step's prefill chunks before vLLM visits them, highest response ratio first.
+        """Work out this step's prefill chunks before vLLM visits them: started ones first, then by response ratio.
 
-        ``prefills`` are (request, history_tokens, remaining_tokens, waited_s) of the running
-        prefills and the first waiting requests (history: their prefix-cache hit; waited: since
-        arrival). vLLM visits running requests in admission order, so granting as it visits lets
-        an old long prompt fill the batch and leaves a shorter one behind it a crumb a step (one
-        token, step after step). Here each is sized in order of its response ratio, (waited +
-        work left) / work left, the work at the pipeline's rate at the base chunk: the shortest
-        first, but a long prompt that has waited as long as its own work gains on a new short
-        one, so none starves behind a stream of shorter ones (waiting counts to the end of this
-        step: among ones that have just come, the shortest first). ``grant`` and ``admit`` then
-        answer from this allotment. ``step_tokens`` is vLLM's token budget for the step (the
-        reserved decodes' tokens come off it), ``request_tokens`` its cap on one request's.
+        ``prefills`` are (request, history_tokens, remaining_tokens, waited_s, started) of the
+        running prefills and the first waiting requests (history: their prefix-cache hit; waited:
+        since arrival; started: it has had a chunk, it is running). vLLM visits running requests in
+        admission order, so granting as it visits lets an old long prompt fill the batch and leaves
+        a shorter one behind it a crumb a step (one token, step after step). Here the started ones
+        come first (one left unfinished at most: it runs to its end), then the waiting ones in
+        order of response ratio, (waited + work left) / work left, the work at the pipeline's rate
+        at the base chunk: the shortest first, but a long prompt that has waited as long as its own
+        work gains on a new short one, so none starves behind a stream of shorter ones (waiting
+        counts to the end of this step: among ones that have just come, the shortest first).
+        ``grant`` and ``admit`` then answer from this allotment. ``step_tokens`` is vLLM's token
+        budget for the step (the reserved decodes' tokens come off it), ``request_tokens`` its cap
+        on one request's.
         """
         self.allotted = {}
         if len(prefills) < 2:
@@ -115,13 +121,13 @@ class StepBudget:
         step_s = self.plan.target_ms / 1000.0
         tokens_left = step_tokens - self.charged_tokens
 
-        def ratio_order(prefill: tuple[str, int, int, float]) -> tuple[float, int]:
+        def ratio_order(prefill: tuple[str, int, int, float, bool]) -> tuple[bool, float, int]:
             # Counted at the end of this step, as if it waited through it: among ones that have
             # just come, the shortest loses the most by waiting, so it comes first.
             remaining_tokens, waited_s = prefill[2], max(0.0, prefill[3]) + step_s
-            return remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
+            return not prefill[4], remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
 
-        for request_id, history_tokens, remaining_tokens, _ in sorted(prefills, key=ratio_order):
+        for request_id, history_tokens, remaining_tokens, _, _ in sorted(prefills, key=ratio_order):
             allowed_tokens = int(max(0, min(remaining_tokens, request_tokens, tokens_left)))
             chunk = self._sized(history_tokens, remaining_tokens, allowed_tokens, used_ms, prefill_tokens, first, alone)
             if chunk < remaining_tokens and self.unfinished_tokens < math.inf:

@@ -13,13 +13,14 @@ Here is only the bookkeeping:
   ``max_num_batched_tokens``. One log line says which;
 - each step that holds or may admit a prefill: running decodes are reserved at their
   true history, then the running prefills and the first waiting requests are allotted
-  their chunks in response-ratio order (core/cpp_held.py reads them, with the time each
-  has waited on ``cpp_clock``, the clock of arrival times), and every prefill vLLM visits,
-  running or waiting, gets its allotment or else its chunk of what is left, at its true
-  history (prefix-cache hits included); a grant of 0 skips a running request, and passes
-  over a waiting one (the next may be shorter) or stops admission. After a sized step that
-  advanced no prefill (the one allotted got no KV blocks), one step is sized as vLLM
-  visits. A step with no prefill left and none waiting is not sized;
+  their chunks, running ones first, waiting ones in response-ratio order (core/cpp_held.py
+  reads them, with the time each has waited on ``cpp_clock``, the clock of arrival times),
+  and every prefill vLLM visits, running or waiting, gets its allotment or else its chunk
+  of what is left, at its true history (prefix-cache hits included); a grant of 0 skips a
+  running request, and passes over a waiting one (the next may be shorter) or stops
+  admission. After a sized step that advanced no prefill (the one allotted got no KV
+  blocks), one step is sized as vLLM visits. A step with no prefill left and none waiting
+  is not sized;
 - the batch-time target is planned again (core/cpp_planner.py) only when the set of held
   prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
   from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
@@ -240,7 +241,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         return token_budget
 
     def _allot(self, budget: Any, running_prefills: list, token_budget: int) -> None:
-        """The step's prefills, for the budget to size in response-ratio order (core/cpp_step_budget.py)."""
+        """The step's prefills, for the budget to size: started first, then by response ratio (cpp_step_budget.py)."""
         now_s, hits = self.cpp_clock(), self._cpp_prefix_hits
         prefills = allotment_candidates(self, running_prefills, PASS_OVER_LIMIT, now_s, hits)
         if prefills:

@@ -349,13 +349,16 @@ def test_a_short_prompt_arriving_beside_a_long_one_is_sized_first_and_a_starved_
     long one that has started runs on, its chunk not cut for a short one that comes meanwhile."""
     now = [100.0]
 
+    def arrive(scheduler, name, tokens, arrival_time):
+        prompt = request(name, tokens, 1, start=len(name) * 10_000)
+        prompt.arrival_time = arrival_time
+        scheduler.add_request(prompt)
+
     def scheduler_with(*prompts):
         scheduler = cached_scheduler(tmp_path, profiled)
         scheduler.cpp_clock = lambda: now[0]
-        for name, tokens, arrival_time in prompts:
-            prompt = request(name, tokens, 1, start=len(name) * 10_000)
-            prompt.arrival_time = arrival_time
-            scheduler.add_request(prompt)
+        for prompt in prompts:
+            arrive(scheduler, *prompt)
         return scheduler
 
     scheduler = scheduler_with(("long", 6000, 100.0), ("short", 40, 100.0))
@@ -373,9 +376,7 @@ def test_a_short_prompt_arriving_beside_a_long_one_is_sized_first_and_a_starved_
     chunks = [alone.schedule().num_scheduled_tokens["long"] for _ in range(2)]
     scheduler = scheduler_with(("long", 6000, 100.0))
     assert scheduler.schedule().num_scheduled_tokens["long"] == chunks[0]
-    short = request("short", 300, 1, start=20_000)
-    short.arrival_time = 100.0
-    scheduler.add_request(short)
+    arrive(scheduler, "short", 300, 100.0)
     step = scheduler.schedule().num_scheduled_tokens
     assert step["long"] == chunks[1] and step.get("short", 0) in (0, 300)  # all of it beside, or none
 

@@ -32,10 +32,9 @@ from the measured latency model t(C, H) (core/cpp_latency_model.py) alone:
    running decodes are reserved first (never cut), then the running prefills and the
    first waiting requests are allotted their chunks, the running ones first and the
    waiting ones in response-ratio order, each cut to what is left of T, and at most one
-   of them left unfinished; a prefill visited without
-   an allotment gets tokens only if it finishes in the batch or has fewer left than the
-   unfinished one. The step's first prefill always advances by at least the floor, so
-   prefills never starve behind decodes.
+   of them left unfinished; a prefill visited without an allotment gets tokens only if it
+   finishes in the batch or has fewer left than the unfinished one. The step's first
+   prefill always advances by at least the floor, so prefills never starve behind decodes.
 
 ``ChunkRule.chunk_alone`` (a request alone in a batch) is the one statement of rules 1
 and 2; ``chunk_alone_many`` computes the same numbers for arrays, for the planner.

@@ -121,13 +121,14 @@ class StepBudget:
         step_s = self.plan.target_ms / 1000.0
         tokens_left = step_tokens - self.charged_tokens
 
-        def ratio_order(prefill: tuple[str, int, int, float, bool]) -> tuple[bool, float, int]:
-            # Counted at the end of this step, as if it waited through it: among ones that have
-            # just come, the shortest loses the most by waiting, so it comes first.
-            remaining_tokens, waited_s = prefill[2], max(0.0, prefill[3]) + step_s
-            return not prefill[4], remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
+        def started_then_ratio(prefill: tuple[str, int, int, float, bool]) -> tuple[bool, float, int]:
+            # Waiting counted to the end of this step, as if it waited through it: among ones that
+            # have just come, the shortest loses the most by waiting, so it comes first.
+            _, _, remaining_tokens, waited_s, started = prefill
+            waited_s = max(0.0, waited_s) + step_s
+            return not started, remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
 
-        for request_id, history_tokens, remaining_tokens, _, _ in sorted(prefills, key=ratio_order):
+        for request_id, history_tokens, remaining_tokens, _, _ in sorted(prefills, key=started_then_ratio):
             allowed_tokens = int(max(0, min(remaining_tokens, request_tokens, tokens_left)))
             chunk = self._sized(history_tokens, remaining_tokens, allowed_tokens, used_ms, prefill_tokens, first, alone)
             if chunk < remaining_tokens and self.unfinished_tokens < math.inf:

@@ -201,6 +201,50 @@ def test_twin_predict_writes_the_replay_and_its_slo_for_the_engines_python(tmp_p
     assert data["notes"] == list(built.notes) and set(data["slo"]) == {"ttft_ms", "tpot_ms", "basis"}
 
 
+def _profile(tmp_path):
+    """A saved profile of the synthetic surface (one stage), as the engine writes one."""
+    from vllm_ascend_patchset.twin.surface_files import load_surface
+
+    surface = load_surface("synthetic")
+    samples = [[c, h, surface.time_ms(c, h)] for c in (64, 256, 1024, 2048) for h in (0, 4096, 16384, 32768)]
+    path = tmp_path / "cpp-profile-x.json"
+    path.write_text(json.dumps({"schema_version": 2, "base_chunk_size": 2048, "samples": samples}))
+    return path
+
+
+def test_at_pace_the_device_is_slower_and_the_requests_stay_the_profiles(tmp_path):
+    profile = _profile(tmp_path)
+    assert twin_predict.at_pace(str(profile), 1.0, tmp_path / "d.json") == str(profile)  # pace 1: as saved
+    device = twin_predict.at_pace(str(profile), 1.25, tmp_path / "d.json")
+    saved, slowed = json.loads(profile.read_text())["samples"], json.loads((tmp_path / "d.json").read_text())["samples"]
+    assert [s[:2] for s in slowed] == [s[:2] for s in saved]
+    assert [s[2] for s in slowed] == pytest.approx([1.25 * s[2] for s in saved])
+    item = f"{MOONCAKE}@42:4"
+    at_profile = twin_predict.predict_trace(str(profile), item, 0.8, 8, [2048], 2048, {"fixed"})
+    slower = twin_predict.predict_trace(str(profile), item, 0.8, 8, [2048], 2048, {"fixed"}, device)
+    assert slower["workload"] == at_profile["workload"]  # the same requests at the same times
+    ttft = [t["request_ttft_ms"] for t in (at_profile["policies"]["fixed-2048"], slower["policies"]["fixed-2048"])]
+    assert all(ttft[1][r] > ttft[0][r] for r in ttft[0])
+
+
+@pytest.mark.parametrize(
+    ("pace", "saved", "says"),
+    [(0.0, {"samples": [[1, 0, 1.0]]}, "--pace must be a positive number"),
+     (float("nan"), {"samples": [[1, 0, 1.0]]}, "--pace must be a positive number"),
+     (1.1, {"coefficients": {}}, "needs a saved profile with 'samples'")],
+)  # fmt: skip
+def test_a_pace_the_twin_cannot_apply_is_refused_by_name(tmp_path, pace, saved, says):
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=says):
+        twin_predict.at_pace(str(profile), pace, tmp_path / "d.json")
+
+
+def test_the_twins_pace_is_the_median_of_ours_timed_steps():
+    assert trace_replay.serving_pace({"pace": [1.2, 0.9, 1.04, 1.1, 0.95]}) == 1.04
+    assert trace_replay.serving_pace({"pace": []}) == trace_replay.serving_pace({}) == 1.0
+
+
 def test_pace_is_measured_over_predicted_of_ours_timed_steps():
     line = "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms"
     log = "\n".join(["x", line % (2, 900, 200.0, 250.0), "y", line % (1, 2048, 400.0, 380.0)])  # noqa: UP031
@@ -230,6 +274,7 @@ def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
     assert "ours: prefix-cache hits 512 prompt tokens (twin 512)" in out
     assert "upstream-cpp: prefix-cache hits - prompt tokens (twin -)" in out
     assert "ours: 3 timed steps ran at 1.00 x the profile's time" in out
+    assert "the twin's device ran at that pace" in out
     assert "goal met   : the twin ranks the policies as the engine does" in out
     assert "goal MISSED: fixed-512: twin/real mean TTFT within 1 +/- 0.05: 1.000" not in out
     assert "best fixed chunk: real fixed-512, twin fixed-512" in out

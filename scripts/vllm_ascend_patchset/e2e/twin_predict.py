@@ -13,6 +13,11 @@ mode's workload instead (``trace_replay.build_replay``: the same requests and ar
 and writes ``{"workload": ..., "policies": {policy: {"request_ttft_ms": {req_id: ms},
 "request_tpot_ms": {...}}}}``; with ``--workload-only`` just the replay and its default SLO bounds (``twin/slo.py``)
 (the e2e environment has no SciPy, which reading a profile as a surface needs).
+
+``--pace X`` runs the simulated device X times slower than the profile (its samples' times
+times X) while the requests, their arrivals and ours' start-up samples stay the profile's:
+the engine served at the pace its timed steps measured, against the profile it planned
+with and the arrivals were scaled by.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -57,17 +63,42 @@ def predict(
     return out
 
 
+def at_pace(profile: str, pace: float, out: Path) -> str:
+    """``profile`` with every sample's time times ``pace``, written to ``out``; ``profile`` itself at pace 1."""
+    if pace == 1.0:
+        return profile
+    if not math.isfinite(pace) or pace <= 0:
+        raise ValueError(f"--pace must be a positive number, not {pace}")
+    data = json.loads(Path(profile).read_text())
+    samples = data.get("samples")
+    if not isinstance(samples, list) or not samples:
+        raise ValueError(f"{profile}: --pace needs a saved profile with 'samples' (a CPP profile cache file)")
+    data["samples"] = [[chunk, history, ms * pace] for chunk, history, ms in samples]
+    out.write_text(json.dumps(data))
+    return str(out)
+
+
 def predict_trace(
-    surface: str, trace: str, load: float, output_cap: int | None, fixed: list[int], chunk: int, policies: set[str]
+    surface: str,
+    trace: str,
+    load: float,
+    output_cap: int | None,
+    fixed: list[int],
+    chunk: int,
+    policies: set[str],
+    device: str | None = None,
 ) -> dict:
-    """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself."""
+    """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself.
+
+    ``device``: the surface the batches run at (``surface``, the profile the requests and ours'
+    start-up samples come from, when None)."""
     wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
         wanted.append(servers.upstream(chunk))
     if "ours" in policies:
         wanted.append(ours_from(surface, chunk))
     workload = build_replay(surface, trace, load, output_cap, chunk)
-    [results] = pol.run_cases([(pol.Setup(surface, servers.PIPELINE_STAGES, workload), wanted)])
+    [results] = pol.run_cases([(pol.Setup(device or surface, servers.PIPELINE_STAGES, workload), wanted)])
     out: dict[str, dict] = {}
     for policy, result in zip(wanted, results, strict=True):
         if "error" in result:
@@ -95,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--workload-only", action="store_true", help="with --trace: write the replay's requests, run nothing"
     )
+    p.add_argument(
+        "--pace", type=float, default=1.0, help="with --trace: the device at this many times the profile's times"
+    )
     p.add_argument("--fixed", default="")
     p.add_argument("--chunk", type=int, required=True)
     p.add_argument("--policies", default="fixed,upstream,ours")
@@ -110,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         fixed = [int(v) for v in args.fixed.split(",") if v]
         policies = set(args.policies.split(","))
-        traced = predict_trace(args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies)
+        device = at_pace(args.surface, args.pace, args.json.with_name(f"{args.json.stem}-device.json"))
+        traced = predict_trace(
+            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, device
+        )
         args.json.write_text(json.dumps(traced))
         print(json.dumps({name: len(times["request_ttft_ms"]) for name, times in traced["policies"].items()}))
         return 0

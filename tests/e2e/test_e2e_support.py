@@ -23,7 +23,7 @@ def _flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path):
+def test_servers_bind_loopback_at_pp2_and_only_cpp_gets_the_cpp_scheduler(tmp_path):
     ours = servers.serve_command(servers.ours(2048), tmp_path, 1234, tmp_path / "p")
     fixed = servers.serve_command(servers.fixed(512), tmp_path, 1235, tmp_path / "p")
     for command in (ours, fixed):
@@ -31,6 +31,7 @@ def test_servers_bind_loopback_at_pp2_and_only_ours_gets_the_cpp_pieces(tmp_path
         assert "--enable-chunked-prefill" in command
     assert _flag(fixed, "--max-num-batched-tokens") == "512" and "--scheduler-cls" not in fixed
     assert _flag(fixed, "--cpp") == "none"
+    assert _flag(fixed, "--worker-extension-cls") == servers.WORKER_EXTENSION  # its clock runs on marked steps only
     assert _flag(ours, "--scheduler-cls") == servers.OURS_SCHEDULER
     assert _flag(ours, "--worker-extension-cls") == servers.WORKER_EXTENSION
     config = json.loads(_flag(ours, "--additional-config"))["profiling_chunk_config"]

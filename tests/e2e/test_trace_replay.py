@@ -215,16 +215,19 @@ def _profile(tmp_path):
 def test_at_pace_the_device_is_slower_and_the_requests_stay_the_profiles(tmp_path):
     profile = _profile(tmp_path)
     assert twin_predict.at_pace(str(profile), 1.0, tmp_path / "d.json") == str(profile)  # pace 1: as saved
-    device = twin_predict.at_pace(str(profile), 1.25, tmp_path / "d.json")
+    assert twin_predict.at_pace(str(profile), 1.25, tmp_path / "d.json") == str(tmp_path / "d.json")
     saved, slowed = json.loads(profile.read_text())["samples"], json.loads((tmp_path / "d.json").read_text())["samples"]
     assert [s[:2] for s in slowed] == [s[:2] for s in saved]
     assert [s[2] for s in slowed] == pytest.approx([1.25 * s[2] for s in saved])
-    item = f"{MOONCAKE}@42:4"
-    at_profile = twin_predict.predict_trace(str(profile), item, 0.8, 8, [2048], 2048, {"fixed"})
-    slower = twin_predict.predict_trace(str(profile), item, 0.8, 8, [2048], 2048, {"fixed"}, device)
+    item, fixed = f"{MOONCAKE}@42:4", [1024, 2048]
+    at_profile = twin_predict.predict_trace(str(profile), item, 0.8, 8, fixed, 2048, {"fixed"})
+    paces = {"fixed-2048": 1.25}  # one policy's server ran slower; the other's device stays the profile
+    slower = twin_predict.predict_trace(str(profile), item, 0.8, 8, fixed, 2048, {"fixed"}, None, paces, tmp_path)
     assert slower["workload"] == at_profile["workload"]  # the same requests at the same times
-    ttft = [t["request_ttft_ms"] for t in (at_profile["policies"]["fixed-2048"], slower["policies"]["fixed-2048"])]
-    assert all(ttft[1][r] > ttft[0][r] for r in ttft[0])
+    for name, slowed_down in (("fixed-2048", True), ("fixed-1024", False)):
+        ttft = [t["policies"][name]["request_ttft_ms"] for t in (at_profile, slower)]
+        assert all(ttft[1][r] > ttft[0][r] for r in ttft[0]) is slowed_down
+        assert ttft[1] == ttft[0] or slowed_down
 
 
 @pytest.mark.parametrize(
@@ -240,15 +243,32 @@ def test_a_pace_the_twin_cannot_apply_is_refused_by_name(tmp_path, pace, saved, 
         twin_predict.at_pace(str(profile), pace, tmp_path / "d.json")
 
 
-def test_the_twins_pace_is_the_median_of_ours_timed_steps():
-    assert trace_replay.serving_pace({"pace": [1.2, 0.9, 1.04, 1.1, 0.95]}) == 1.04
-    assert trace_replay.serving_pace({"pace": []}) == trace_replay.serving_pace({}) == 1.0
+def test_a_servers_pace_is_its_steps_measured_over_the_profiles_stage_time_summed(tmp_path):
+    from vllm_ascend_patchset.twin.surface import batch_ms
+    from vllm_ascend_patchset.twin.surface_files import load_surface
+
+    profile = _profile(tmp_path)
+    data = json.loads(profile.read_text())
+    data["fingerprint"] = {"pipeline_parallel_size": 2}  # samples are one stage's time: the surface is twice that
+    profile.write_text(json.dumps(data))
+    surface = load_surface(str(profile))
+    batches = [[(512, 0)], [(300, 4096)], [(2048, 16384)], [(64, 30000)]]
+    paces = (1.2, 0.9, 1.04, 1.1)
+    stage_ms = [batch_ms(surface, b) / 2 for b in batches]
+    steps = [[b, ms * k] for b, ms, k in zip(batches, stage_ms, paces, strict=True)]
+    mixed = [[(300, 4096), (1, 900), (1, 2000)], 5 * batch_ms(surface, [(300, 4096), (1, 900), (1, 2000)])]
+    pace = twin_predict.serving_pace(str(profile), [*steps, mixed])  # a batch of several: the twin's to predict
+    weighted = sum(k * ms for ms, k in zip(stage_ms, paces, strict=True)) / sum(stage_ms)
+    assert pace.ratio == pytest.approx(weighted) and pace.steps == 4  # a long slow step weighs what it cost
+    assert 0.9 <= pace.low < pace.high <= 1.2 and pace.low < (1.04 + 1.1) / 2 < pace.high
+    assert twin_predict.serving_pace(str(profile), [mixed]) is None
 
 
-def test_pace_is_measured_over_predicted_of_ours_timed_steps():
-    line = "[CPP] batch of %d requests, %d tokens: predicted %.2f ms, measured %.2f ms"
-    log = "\n".join(["x", line % (2, 900, 200.0, 250.0), "y", line % (1, 2048, 400.0, 380.0)])  # noqa: UP031
-    assert trace_replay.pace(log) == pytest.approx([1.25, 0.95])
+def test_a_policy_without_timed_steps_runs_at_the_others_median_pace():
+    measured = {n: twin_predict.Pace(m, m, m, 9) for n, m in (("ours", 1.02), ("fixed-512", 0.9), ("x", 1.3))}
+    names = ["ours", "fixed-512", "fixed-1024"]
+    assert twin_predict.policy_paces(measured, names, 1.0) == {"ours": 1.02, "fixed-512": 0.9, "fixed-1024": 1.02}
+    assert twin_predict.policy_paces({}, names, 1.1) == dict.fromkeys(names, 1.1)
 
 
 def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
@@ -263,18 +283,21 @@ def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
         return {"policy": name, "kind": kind, "outcomes": outcomes, "errors": [], "loads": [3.0, 4.0], **extra}
 
     records = [
-        record("ours", "ours", [1.0, 2.0], [0, 512], pace=[1.1, 0.9, 1.0]),
+        record("ours", "ours", [1.0, 2.0], [0, 512]),
         record("fixed-512", "fixed", [1.2, 2.2], [0, 512]),
         record("upstream-cpp", "upstream", [1.5, 2.5], [0, None]),
     ]
-    twin = {"ours": _serving(1.45), "fixed-512": _serving(1.7), "upstream-cpp": _serving(2.0)}
-    assert trace_replay.report(records, twin, {"ours": 512}, SLO, workload, 12.0) == 0
+    figures = {"ours": _serving(1.45), "fixed-512": _serving(1.7), "upstream-cpp": _serving(2.0)}
+    paces = {"ours": {"ratio": 1.0, "low": 0.95, "high": 1.1, "steps": 3}}
+    twin = trace_replay.TwinReplay(figures, {"ours": 512}, paces)
+    assert trace_replay.report(records, twin, SLO, workload, 12.0) == 0
     out = capsys.readouterr().out
     assert "== mooncake-s0-n2-load0.8, PP=2, 2 requests, prefix caching on ==" in out
     assert "ours: prefix-cache hits 512 prompt tokens (twin 512)" in out
     assert "upstream-cpp: prefix-cache hits - prompt tokens (twin -)" in out
-    assert "ours: 3 timed steps ran at 1.00 x the profile's time" in out
+    assert "ours: 3 timed steps of one request ran at 1.000 x the profile's time (steps' quartiles 0.95 .. 1.10)" in out
     assert "the twin's device ran at that pace" in out
+    assert "fixed-512: no timed step of one request; the twin's device ran at the others' median pace" in out
     assert "goal met   : the twin ranks the policies as the engine does" in out
     assert "goal MISSED: fixed-512: twin/real mean TTFT within 1 +/- 0.05: 1.000" not in out
     assert "best fixed chunk: real fixed-512, twin fixed-512" in out

@@ -15,6 +15,9 @@ is built. The policy comes from ``$CPP_E2E_POLICY``:
   timing fed back in ``update_from_output``), and its "time every step until calibration
   is done" rule turned into the ``cpp_time_step`` flag the CPU worker extension reads.
 - anything else: nothing (vLLM's own scheduling).
+
+With ``$CPP_E2E_STEP_LOG`` set (the trace bench sets it for every server), whatever the
+policy, every step that carries a prefill is timed and logged as well (``step_log``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from typing import Any
 
 from vllm.logger import logger  # the "vllm" logger: vLLM configures it in every process
 from vllm.v1.engine.core import EngineCore, EngineCoreProc
+
+from . import step_log
 
 POLICY_ENV = "CPP_E2E_POLICY"
 BALANCE_MODULE = "vllm_ascend.patch.platform.patch_balance_schedule"
@@ -36,8 +41,16 @@ _installed: str | None = None
 def install(policy: str) -> None:
     """Install ``policy``'s engine-core hooks in this process (once)."""
     global _installed
-    if policy not in ("ours", "upstream") or _installed is not None:
+    if _installed is not None:
         return
+    if policy in ("ours", "upstream"):
+        _install_cpp(policy)
+    if os.environ.get(step_log.STEP_LOG_ENV):
+        _log_steps(EngineCore)  # after upstream's marks, so this wrapper is the outer one: it only adds marks
+    _installed = policy
+
+
+def _install_cpp(policy: str) -> None:
     from ..npu_stubs import install_npu_stubs
     from ..paths import assembled_root
     from ..trees import load_module_from_tree, pristine_root
@@ -52,7 +65,6 @@ def install(policy: str) -> None:
         tree = pristine_root()
         load_module_from_tree(tree, START_UP_MODULE)
         _mark_upstream_timed_steps(EngineCore)
-    _installed = policy
     logger.info("[CPP e2e] engine-core hooks of %s installed from %s", policy, tree)
 
 
@@ -81,6 +93,18 @@ def _mark_upstream_timed_steps(engine_core_cls: type) -> None:
 
         marked_schedule._cpp_e2e_marked = True  # type: ignore[attr-defined]
         scheduler_cls.schedule = marked_schedule
+
+    engine_core_cls.__init__ = __init__
+
+
+def _log_steps(engine_core_cls: type) -> None:
+    """Time and log every prefill step of the scheduler the engine core builds (``step_log``)."""
+    original_init = engine_core_cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        if step_log.install(type(self.scheduler), logger.info):
+            logger.info("[CPP e2e] every prefill step of %s timed and logged", type(self.scheduler).__name__)
 
     engine_core_cls.__init__ = __init__
 

@@ -92,11 +92,13 @@ def serve_command(
     command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
     command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
+    # Every server gets the worker extension: its clock runs only on steps a scheduler marks (step_log).
+    command += ["--worker-extension-cls", WORKER_EXTENSION]
     if policy.kind != "fixed":
         config = dict(policy.additional_config["profiling_chunk_config"])
         if policy.kind == "ours":
             config["cache_dir"] = str(profile_dir)  # the twin's runs keep none; a server keeps its profile
-        command += ["--scheduler-cls", OURS_SCHEDULER, "--worker-extension-cls", WORKER_EXTENSION]
+        command += ["--scheduler-cls", OURS_SCHEDULER]
         command += ["--additional-config", json.dumps({"profiling_chunk_config": config})]
     return command + list(extra_args)
 

@@ -19,10 +19,14 @@ trace's, so it is never a prefix hit), then the replay: each request sent at its
 time on its own thread, streamed, every token's time kept. Figures and goals:
 ``trace_figures``.
 
-The twin's device runs at the pace ours' engine served at: its timed steps' measured over
-predicted time (median), which on two shared cores moves by several percent from the
-start-up profile; at a load of 0.8 the queue magnifies that into the mean TTFT. The
-requests, their arrivals and ours' start-up samples stay the profile's.
+Every server times each step that carries a prefill and logs it (``step_log``). The
+twin runs each policy's device at the pace that policy's server served at: its timed
+steps of one request (a profile sample's batch) over the profile's time for them
+(``twin_predict --steps``).
+On two shared cores one server runs several percent faster or slower than the profile,
+or than the next server, and at a load of 0.8 the queue magnifies that into the mean
+TTFT. The requests, their arrivals and ours' start-up samples stay the profile's. The
+fixed chunks to serve are picked from a first prediction, with every policy at ours' pace.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +49,9 @@ from ..twin.surface_files import load_surface
 from ..twin.traces import parse_trace_item, trace_workload
 from ..twin.workloads import RequestSpec, Workload, prompt_token_ids
 from . import servers as e2e
+from . import step_log
 from . import trace_figures as tf
 from .model import write_tiny_qwen3
-from .smoke import TIMED_STEP_RE
 
 CACHE_BLOCK_TOKENS = 128  # vLLM's block size on the CPU (given to the servers), as in the twin (engine.BLOCK_TOKENS)
 TRACE_MAX_NUM_SEQS = 64  # the twin's MAX_NUM_SEQS (twin/engine.py): both admit the same requests at once
@@ -163,8 +167,8 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
     """Start ``policy``'s server, warm it, replay ``workload`` (or the one its own profile makes: ours), stop it."""
     record: dict[str, Any] = {"policy": policy.name, "kind": policy.kind, "outcomes": [], "errors": [], "loads": []}
     log = args.out / f"server-{policy.name}.log"
-    debug = {"VLLM_LOGGING_LEVEL": "DEBUG"} if policy.kind == "ours" else {}  # its timed steps (pace)
-    server = e2e.Server(policy, model_dir, log, args.out / "profiles", debug, extra_args=server_args())
+    step_times = {step_log.STEP_LOG_ENV: "1"}  # its prefill steps timed and logged: its pace
+    server = e2e.Server(policy, model_dir, log, args.out / "profiles", step_times, extra_args=server_args())
     try:
         with server:
             record["ready_s"] = server.ready_s
@@ -187,7 +191,7 @@ def serve_replay(args: argparse.Namespace, policy: e2e.Policy, model_dir: Path, 
             record["replay_s"] = time.monotonic() - started
             record["outcomes"] = [asdict(o) for o in outcomes]
             record["errors"] += [f"{o.req_id}: {o.error}" for o in outcomes if o.error]
-            record["pace"] = pace(server.log_text())
+            record["steps"] = step_log.timed_steps(server.log_text())
     except Exception as error:
         record["errors"].append(f"{type(error).__name__}: {error}")
         print(f"{policy.name}: FAILED {error}\n--- tail of {server.log_path} ---\n{server.log_tail()}", file=sys.stderr)
@@ -200,18 +204,6 @@ def send(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float],
     server sent no usage; vLLM leaves the details out when nothing was cached)."""
     token_s, usage = e2e.stream_completion(port, token_ids, max_tokens)
     return token_s, (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) if usage else None
-
-
-def serving_pace(record: dict) -> float:
-    """Ours' timed steps' measured over predicted time, the median (1 without timed steps)."""
-    steps = sorted(record.get("pace") or [])
-    return steps[len(steps) // 2] if steps else 1.0
-
-
-def pace(log: str) -> list[float]:
-    """Measured over predicted time of ours' timed steps, from its DEBUG log: how fast the engine ran against
-    the profile it plans with (and the twin predicts from)."""
-    return [float(m) / float(p) for _, p, m in TIMED_STEP_RE.findall(log) if float(p) > 0]
 
 
 def saved_profile(args: argparse.Namespace) -> Path:
@@ -240,10 +232,14 @@ def twin_workload(args: argparse.Namespace, profile: Path) -> tuple[Workload, Sl
     return Workload.from_json(data["workload"]), Slo(**data["slo"])
 
 
-def twin_prediction(args: argparse.Namespace, profile: Path, pace: float = 1.0) -> dict[str, Any]:
-    """The twin's replay of the same slice at the same load from ``profile``, its device at ``pace`` times the
-    profile's times: its JSON (``twin_predict``)."""
-    policies = ("--fixed", args.fixed, "--policies", "fixed,upstream,ours", "--pace", repr(pace))
+def twin_prediction(args: argparse.Namespace, profile: Path, records: list[dict]) -> dict[str, Any]:
+    """The twin's replay of the same slice at the same load from ``profile``, each policy's device at the pace
+    of the steps its server timed in ``records``: its JSON (``twin_predict``)."""
+    policies = ["--fixed", args.fixed, "--policies", "fixed,upstream,ours"]
+    steps = {r["policy"]: r["steps"] for r in records if r.get("steps")}
+    if steps:
+        (args.out / "steps.json").write_text(json.dumps(steps))
+        policies += ["--steps", str(args.out / "steps.json")]
     return _twin(args, profile, args.out / "twin.json", *policies)
 
 
@@ -273,34 +269,45 @@ def run(args: argparse.Namespace) -> int:
         print(f"ours: {'; '.join(records[0]['errors'])}", file=sys.stderr)
         return 1
     workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
-    twin, twin_hits = twin_figures(args, saved_profile(args), workload, slo, serving_pace(records[0]))
-    if not twin:
+    first = twin_figures(args, saved_profile(args), workload, slo, records)
+    if not first.figures:
         print("twin: no prediction; serving every chunk of --fixed", file=sys.stderr)
-    others = [e2e.fixed(c) for c in fixed_to_serve(args, {n: f.ttft_mean_s for n, f in twin.items()})]
+    others = [e2e.fixed(c) for c in fixed_to_serve(args, {n: f.ttft_mean_s for n, f in first.figures.items()})]
     others = (others if "fixed" in wanted else []) + ([e2e.upstream(args.chunk)] if "upstream" in wanted else [])
     records += [serve_replay(args, policy, model_dir, workload) for policy in others]
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
-    return report(records, twin, twin_hits, slo, workload, time.monotonic() - started)
+    twin = twin_figures(args, saved_profile(args), workload, slo, records)  # every server's pace now
+    return report(records, twin, slo, workload, time.monotonic() - started)
+
+
+@dataclass
+class TwinReplay:
+    """The twin's figures of the replay per policy, the prompt tokens its prefix cache held, and the pace
+    (``twin_predict.Pace`` as a dict) of each server that timed steps; all empty if the twin failed."""
+
+    figures: dict[str, tf.Serving] = field(default_factory=dict)
+    hits: dict[str, int] = field(default_factory=dict)
+    paces: dict[str, dict] = field(default_factory=dict)
 
 
 def twin_figures(
-    args: argparse.Namespace, profile: Path, workload: Workload, slo: Slo, pace: float = 1.0
-) -> tuple[dict[str, tf.Serving], dict[str, int]]:
-    """The twin's figures of the replay per policy (its device at ``pace``), and the prompt tokens its prefix cache
-    held ({} if it failed)."""
+    args: argparse.Namespace, profile: Path, workload: Workload, slo: Slo, records: list[dict]
+) -> TwinReplay:
+    """The twin's replay, each policy's device at its server's pace in ``records`` (``twin_prediction``)."""
     try:
-        twin = twin_prediction(args, profile, pace)
+        twin = twin_prediction(args, profile, records)
     except (subprocess.SubprocessError, OSError, RuntimeError) as error:
         print(f"twin: not run ({error})", file=sys.stderr)
-        return {}, {}
+        return TwinReplay()
     if not same_requests(workload, Workload.from_json(twin["workload"])):
         print("twin: its requests differ from the replay's; its figures are left out", file=sys.stderr)
-        return {}, {}
+        return TwinReplay()
     figures = {
         name: tf.serving(times["request_ttft_ms"], times["request_tpot_ms"], slo)
         for name, times in twin["policies"].items()
     }
-    return figures, {name: sum(t["request_cached_tokens"].values()) for name, t in twin["policies"].items()}
+    hits = {name: sum(t["request_cached_tokens"].values()) for name, t in twin["policies"].items()}
+    return TwinReplay(figures, hits, twin.get("paces", {}))
 
 
 def report_again(args: argparse.Namespace) -> int:
@@ -308,14 +315,13 @@ def report_again(args: argparse.Namespace) -> int:
     args.out = args.out / "trace"
     records = json.loads((args.out / "records.json").read_text())
     workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
-    twin, twin_hits = twin_figures(args, saved_profile(args), workload, slo, serving_pace(records[0]))
-    return report(records, twin, twin_hits, slo, workload, 0.0)
+    twin = twin_figures(args, saved_profile(args), workload, slo, records)
+    return report(records, twin, slo, workload, 0.0)
 
 
 def report(
     records: list[dict],
-    twin: dict[str, tf.Serving],
-    twin_hits: dict[str, int],
+    replayed: TwinReplay,
     slo: Slo,
     workload: Workload,
     elapsed_s: float,
@@ -329,6 +335,7 @@ def report(
         real[record["policy"]] = tf.serving(ttft, tpot, slo)
         ttft_by_policy[record["policy"]] = ttft
         loads[record["policy"]] = sum(record["loads"]) / len(record["loads"]) if record["loads"] else float("nan")
+    twin = replayed.figures
     fixed_names = [n for n in real if n.startswith("fixed-")]
     best_fixed = min(fixed_names, key=lambda n: real[n].ttft_mean_s) if fixed_names else None
     upstream = "upstream-cpp" if "upstream-cpp" in real else None
@@ -346,12 +353,15 @@ def report(
     for record in records:
         cached = [o.get("cached_tokens") for o in record["outcomes"]]
         real_hits = "-" if None in cached or not cached else str(sum(cached))
-        twin_hit = twin_hits.get(record["policy"], "-")
+        twin_hit = replayed.hits.get(record["policy"], "-")
         print(f"  {record['policy']}: prefix-cache hits {real_hits} prompt tokens (twin {twin_hit})")
-        if record.get("pace"):
-            steps = sorted(record["pace"])
-            quartiles = f"{steps[len(steps) // 4]:.2f} .. {steps[(3 * len(steps)) // 4]:.2f}"
-            print(f"  {record['policy']}: {len(steps)} timed steps ran at {steps[len(steps) // 2]:.2f} x the profile's"
-                  f" time (median; quartiles {quartiles}): the twin's device ran at that pace")  # fmt: skip
+        pace = replayed.paces.get(record["policy"])
+        if pace:
+            print(f"  {record['policy']}: {pace['steps']} timed steps of one request ran at {pace['ratio']:.3f} x"
+                  f" the profile's time (steps' quartiles {pace['low']:.2f} .. {pace['high']:.2f}): the twin's"
+                  " device ran at that pace")  # fmt: skip
+        elif twin:
+            print(f"  {record['policy']}: no timed step of one request; the twin's device ran at the others'"
+                  " median pace")  # fmt: skip
     print(f"bench-e2e trace: {len(records)} policies in {elapsed_s:.0f} s")
     return 1 if failed else 0

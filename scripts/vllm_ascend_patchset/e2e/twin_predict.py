@@ -15,9 +15,15 @@ and writes ``{"workload": ..., "policies": {policy: {"request_ttft_ms": {req_id:
 (the e2e environment has no SciPy, which reading a profile as a surface needs).
 
 ``--pace X`` runs the simulated device X times slower than the profile (its samples' times
-times X) while the requests, their arrivals and ours' start-up samples stay the profile's:
-the engine served at the pace its timed steps measured, against the profile it planned
-with and the arrivals were scaled by.
+times X) while the requests, their arrivals and ours' start-up samples stay the profile's.
+``--steps FILE`` (``{policy: [[[[chunk, history], ...], measured_ms], ...]}``: the steps
+each server timed while it served, ``step_log``) sets each policy's pace apart: the time
+of its steps of one request, the batch a profile sample is, over the profile's time for
+them (one stage's, as the steps are), summed over the steps, so a stretch of slow steps
+or a stall weighs what it cost. Batches of several requests are left to the twin's batch
+rule, which the replay tests. A policy without such steps runs at the median of the
+others' paces (``--pace`` when no policy has any). Two shared cores serve one replay faster or slower
+than the next by several percent, and at a load of 0.8 the queue magnifies that.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ import argparse
 import dataclasses
 import json
 import math
+import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
 from ..twin.slo import default_slo
-from ..twin.surface_files import load_surface
+from ..twin.surface import batch_ms
+from ..twin.surface_files import load_surface, profile_stages
 from ..twin.workloads import long_prompt
 from . import servers
 from .trace_replay import build_replay
@@ -78,6 +87,41 @@ def at_pace(profile: str, pace: float, out: Path) -> str:
     return str(out)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pace:
+    """How fast a server ran against the profile: its timed steps' measured over predicted time."""
+
+    ratio: float  # summed over the steps
+    low: float  # quartiles of the steps' own ratios
+    high: float
+    steps: int
+
+
+def serving_pace(profile: str, steps: list) -> Pace | None:
+    """The pace of ``steps`` (``[[[chunk, history], ...], measured_ms]``) of one request against ``profile``
+    (module doc); None without any."""
+    data = json.loads(Path(profile).read_text())
+    surface, stages = load_surface(profile), profile_stages(data)
+    timed = []
+    for pairs, measured_ms in steps:
+        if len(pairs) != 1:
+            continue
+        predicted_ms = batch_ms(surface, [(int(c), int(h)) for c, h in pairs]) / stages
+        if predicted_ms > 0 and measured_ms > 0:
+            timed.append((predicted_ms, measured_ms))
+    if not timed:
+        return None
+    ratios = [m / p for p, m in timed]
+    low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    return Pace(sum(m for _, m in timed) / sum(p for p, _ in timed), low, high, len(ratios))
+
+
+def policy_paces(measured: dict[str, Pace], names: list[str], default: float) -> dict[str, float]:
+    """Each policy's device pace: its own steps', else the median of the others' (``default`` if none has)."""
+    rest = statistics.median(p.ratio for p in measured.values()) if measured else default
+    return {name: measured[name].ratio if name in measured else rest for name in names}
+
+
 def predict_trace(
     surface: str,
     trace: str,
@@ -87,18 +131,28 @@ def predict_trace(
     chunk: int,
     policies: set[str],
     device: str | None = None,
+    paces: dict[str, float] | None = None,
+    scratch: Path | None = None,
 ) -> dict:
     """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself.
 
     ``device``: the surface the batches run at (``surface``, the profile the requests and ours'
-    start-up samples come from, when None)."""
+    start-up samples come from, when None). ``paces``: a policy's device at that pace instead (``at_pace``
+    of ``surface``, written under ``scratch``)."""
     wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
         wanted.append(servers.upstream(chunk))
     if "ours" in policies:
         wanted.append(ours_from(surface, chunk))
     workload = build_replay(surface, trace, load, output_cap, chunk)
-    [results] = pol.run_cases([(pol.Setup(device or surface, servers.PIPELINE_STAGES, workload), wanted)])
+    paces = paces or {}
+    if paces and scratch is None:
+        scratch = Path(tempfile.mkdtemp(prefix="twin-devices-"))
+    devices = {p.name: device for p in wanted}
+    for name in devices.keys() & paces.keys():
+        devices[name] = at_pace(surface, paces[name], Path(scratch or ".") / f"device-{name}.json")
+    cases = [(pol.Setup(devices[p.name] or surface, servers.PIPELINE_STAGES, workload), [p]) for p in wanted]
+    results = [result for [result] in pol.run_cases(cases)]
     out: dict[str, dict] = {}
     for policy, result in zip(wanted, results, strict=True):
         if "error" in result:
@@ -129,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--pace", type=float, default=1.0, help="with --trace: the device at this many times the profile's times"
     )
+    p.add_argument(
+        "--steps",
+        type=Path,
+        help="with --trace: JSON of each server's timed steps; each policy's device at their pace (module doc)",
+    )
     p.add_argument("--fixed", default="")
     p.add_argument("--chunk", type=int, required=True)
     p.add_argument("--policies", default="fixed,upstream,ours")
@@ -145,9 +204,15 @@ def main(argv: list[str] | None = None) -> int:
         fixed = [int(v) for v in args.fixed.split(",") if v]
         policies = set(args.policies.split(","))
         device = at_pace(args.surface, args.pace, args.json.with_name(f"{args.json.stem}-device.json"))
+        steps = json.loads(args.steps.read_text()) if args.steps else {}
+        measured = {name: pace for name, pace in ((n, serving_pace(args.surface, s)) for n, s in steps.items()) if pace}
+        names = [servers.fixed(c).name for c in fixed] + [servers.upstream(args.chunk).name, "ours"]
+        paces = policy_paces(measured, names, args.pace) if steps else None
         traced = predict_trace(
-            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, device
-        )
+            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, device, paces,
+            args.json.parent,
+        )  # fmt: skip
+        traced["paces"] = {name: dataclasses.asdict(pace) for name, pace in measured.items()}
         args.json.write_text(json.dumps(traced))
         print(json.dumps({name: len(times["request_ttft_ms"]) for name, times in traced["policies"].items()}))
         return 0

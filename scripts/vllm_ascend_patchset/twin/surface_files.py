@@ -113,7 +113,7 @@ def _model_from_profile(data: dict[str, Any], name: str, scale: float) -> Quadra
     return QuadraticSurface(*(v * scale for v in values), name=name)
 
 
-def _profile_stages(data: dict[str, Any]) -> int:
+def profile_stages(data: dict[str, Any]) -> int:
     """PP size the profile was taken at: its samples are one stage's time, the whole model is that many."""
     fingerprint = data.get("fingerprint")
     stages = fingerprint.get("pipeline_parallel_size", 1) if isinstance(fingerprint, dict) else 1
@@ -177,7 +177,7 @@ def _surface_from_file(path: Path, spec: str) -> Surface:
         raise ValueError(f"--surface {spec}: not a JSON profile ({type(exc).__name__}: {str(exc):.120})") from None
     if not isinstance(data, dict):
         raise ValueError(f"--surface {spec}: a profile is a JSON object")
-    stages = _profile_stages(data)
+    stages = profile_stages(data)
     points = [(c, h, ms * stages) for c, h, ms in _points_from_profile(data, f"--surface {spec}")]
     if len(points) >= 5:
         return _from_points(points, path.name, spec)

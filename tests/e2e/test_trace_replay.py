@@ -252,16 +252,17 @@ def test_a_servers_pace_is_its_steps_measured_over_the_profiles_stage_time_summe
     data["fingerprint"] = {"pipeline_parallel_size": 2}  # samples are one stage's time: the surface is twice that
     profile.write_text(json.dumps(data))
     surface = load_surface(str(profile))
-    batches = [[(512, 0)], [(300, 4096)], [(2048, 16384)], [(64, 30000)]]
+    batches = [[(512, 0)], [(300, 4096), (1, 900), (1, 2000)], [(2048, 16384)], [(64, 0), (1, 30000)]]
     paces = (1.2, 0.9, 1.04, 1.1)
     stage_ms = [batch_ms(surface, b) / 2 for b in batches]
     steps = [[b, ms * k] for b, ms, k in zip(batches, stage_ms, paces, strict=True)]
-    mixed = [[(300, 4096), (1, 900), (1, 2000)], 5 * batch_ms(surface, [(300, 4096), (1, 900), (1, 2000)])]
-    pace = twin_predict.serving_pace(str(profile), [*steps, mixed])  # a batch of several: the twin's to predict
+    pace = twin_predict.serving_pace(str(profile), steps)
     weighted = sum(k * ms for ms, k in zip(stage_ms, paces, strict=True)) / sum(stage_ms)
     assert pace.ratio == pytest.approx(weighted) and pace.steps == 4  # a long slow step weighs what it cost
     assert 0.9 <= pace.low < pace.high <= 1.2 and pace.low < (1.04 + 1.1) / 2 < pace.high
-    assert twin_predict.serving_pace(str(profile), [mixed]) is None
+    mixed = [(300, 4096), (1, 900), (1, 2000)]  # a batch of several requests: the batch rule's time
+    assert twin_predict.serving_pace(str(profile), [[mixed, 1.5 * batch_ms(surface, mixed) / 2]]).ratio == pytest.approx(1.5)
+    assert twin_predict.serving_pace(str(profile), []) is None
 
 
 def test_a_policy_without_timed_steps_runs_at_the_others_median_pace():
@@ -295,9 +296,9 @@ def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
     assert "== mooncake-s0-n2-load0.8, PP=2, 2 requests, prefix caching on ==" in out
     assert "ours: prefix-cache hits 512 prompt tokens (twin 512)" in out
     assert "upstream-cpp: prefix-cache hits - prompt tokens (twin -)" in out
-    assert "ours: 3 timed steps of one request ran at 1.000 x the profile's time (steps' quartiles 0.95 .. 1.10)" in out
+    assert "ours: 3 timed prefill steps ran at 1.000 x the profile's time (steps' quartiles 0.95 .. 1.10)" in out
     assert "the twin's device ran at that pace" in out
-    assert "fixed-512: no timed step of one request; the twin's device ran at the others' median pace" in out
+    assert "fixed-512: no timed steps; the twin's device ran at the others' median pace" in out
     assert "goal met   : the twin ranks the policies as the engine does" in out
     assert "goal MISSED: fixed-512: twin/real mean TTFT within 1 +/- 0.05: 1.000" not in out
     assert "best fixed chunk: real fixed-512, twin fixed-512" in out

@@ -21,8 +21,7 @@ time on its own thread, streamed, every token's time kept. Figures and goals:
 
 Every server times each step that carries a prefill and logs it (``step_log``). The
 twin runs each policy's device at the pace that policy's server served at: its timed
-steps of one request (a profile sample's batch) over the profile's time for them
-(``twin_predict --steps``).
+steps' measured time over the profile's time for them, summed (``twin_predict --steps``).
 On two shared cores one server runs several percent faster or slower than the profile,
 or than the next server, and at a load of 0.8 the queue magnifies that into the mean
 TTFT. The requests, their arrivals and ours' start-up samples stay the profile's. The
@@ -357,11 +356,11 @@ def report(
         print(f"  {record['policy']}: prefix-cache hits {real_hits} prompt tokens (twin {twin_hit})")
         pace = replayed.paces.get(record["policy"])
         if pace:
-            print(f"  {record['policy']}: {pace['steps']} timed steps of one request ran at {pace['ratio']:.3f} x"
+            print(f"  {record['policy']}: {pace['steps']} timed prefill steps ran at {pace['ratio']:.3f} x"
                   f" the profile's time (steps' quartiles {pace['low']:.2f} .. {pace['high']:.2f}): the twin's"
                   " device ran at that pace")  # fmt: skip
         elif twin:
-            print(f"  {record['policy']}: no timed step of one request; the twin's device ran at the others'"
+            print(f"  {record['policy']}: no timed steps; the twin's device ran at the others'"
                   " median pace")  # fmt: skip
     print(f"bench-e2e trace: {len(records)} policies in {elapsed_s:.0f} s")
     return 1 if failed else 0

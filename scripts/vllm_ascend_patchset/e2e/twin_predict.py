@@ -17,12 +17,12 @@ and writes ``{"workload": ..., "policies": {policy: {"request_ttft_ms": {req_id:
 ``--pace X`` runs the simulated device X times slower than the profile (its samples' times
 times X) while the requests, their arrivals and ours' start-up samples stay the profile's.
 ``--steps FILE`` (``{policy: [[[[chunk, history], ...], measured_ms], ...]}``: the steps
-each server timed while it served, ``step_log``) sets each policy's pace apart: the time
-of its steps of one request, the batch a profile sample is, over the profile's time for
-them (one stage's, as the steps are), summed over the steps, so a stretch of slow steps
-or a stall weighs what it cost. Batches of several requests are left to the twin's batch
-rule, which the replay tests. A policy without such steps runs at the median of the
-others' paces (``--pace`` when no policy has any). Two shared cores serve one replay faster or slower
+each server timed while it served, ``step_log``) sets each policy's pace apart: its
+steps' measured time over the profile's time for the same batches (one stage's, as the
+steps are; the twin's batch rule), summed over the steps, so the pace is the machine's
+speed where the replay's work was, and a stretch of slow steps or a stall weighs what it
+cost. A policy without steps runs at the median of the others' paces (``--pace`` when no
+policy has any). Two shared cores serve one replay faster or slower
 than the next by several percent, and at a load of 0.8 the queue magnifies that.
 """
 
@@ -98,14 +98,12 @@ class Pace:
 
 
 def serving_pace(profile: str, steps: list) -> Pace | None:
-    """The pace of ``steps`` (``[[[chunk, history], ...], measured_ms]``) of one request against ``profile``
-    (module doc); None without any."""
+    """The pace of ``steps`` (``[[[chunk, history], ...], measured_ms]``) against ``profile`` (module doc); None
+    without any."""
     data = json.loads(Path(profile).read_text())
     surface, stages = load_surface(profile), profile_stages(data)
     timed = []
     for pairs, measured_ms in steps:
-        if len(pairs) != 1:
-            continue
         predicted_ms = batch_ms(surface, [(int(c), int(h)) for c, h in pairs]) / stages
         if predicted_ms > 0 and measured_ms > 0:
             timed.append((predicted_ms, measured_ms))

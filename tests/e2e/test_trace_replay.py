@@ -261,7 +261,8 @@ def test_a_servers_pace_is_its_steps_measured_over_the_profiles_stage_time_summe
     assert pace.ratio == pytest.approx(weighted) and pace.steps == 4  # a long slow step weighs what it cost
     assert 0.9 <= pace.low < pace.high <= 1.2 and pace.low < (1.04 + 1.1) / 2 < pace.high
     mixed = [(300, 4096), (1, 900), (1, 2000)]  # a batch of several requests: the batch rule's time
-    assert twin_predict.serving_pace(str(profile), [[mixed, 1.5 * batch_ms(surface, mixed) / 2]]).ratio == pytest.approx(1.5)
+    slow_mixed = [[mixed, 1.5 * batch_ms(surface, mixed) / 2]]
+    assert twin_predict.serving_pace(str(profile), slow_mixed).ratio == pytest.approx(1.5)
     assert twin_predict.serving_pace(str(profile), []) is None
 
 

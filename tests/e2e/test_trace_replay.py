@@ -314,3 +314,9 @@ def test_the_report_prints_the_table_the_hits_the_pace_and_the_goals(capsys):
 def test_the_cached_tokens_come_from_the_servers_usage_report(monkeypatch, usage, cached):
     monkeypatch.setattr(servers, "stream_completion", lambda port, ids, n: ([0.5, 0.6], usage))
     assert trace_replay.send(1, [5, 6], 2) == ([0.5, 0.6], cached)
+
+
+def test_report_only_without_a_run_says_what_to_run_first(tmp_path):
+    args = argparse.Namespace(out=tmp_path)
+    with pytest.raises(SystemExit, match="run the trace mode without --report-only first"):
+        trace_replay.report_again(args)

@@ -312,7 +312,10 @@ def twin_figures(
 def report_again(args: argparse.Namespace) -> int:
     """The table of the last run in ``--out`` (its records and ours' saved profile), with the twin run anew."""
     args.out = args.out / "trace"
-    records = json.loads((args.out / "records.json").read_text())
+    saved = args.out / "records.json"
+    if not saved.is_file():
+        raise SystemExit(f"--report-only: no {saved}; run the trace mode without --report-only first (same --out)")
+    records = json.loads(saved.read_text())
     workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
     twin = twin_figures(args, saved_profile(args), workload, slo, records)
     return report(records, twin, slo, workload, 0.0)

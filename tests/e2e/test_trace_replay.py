@@ -212,6 +212,7 @@ def _profile(tmp_path):
     return path
 
 
+@pytest.mark.full_tier("the twin's policy workers import vLLM and the assembled tree")
 def test_at_pace_the_device_is_slower_and_the_requests_stay_the_profiles(tmp_path):
     profile = _profile(tmp_path)
     assert twin_predict.at_pace(str(profile), 1.0, tmp_path / "d.json") == str(profile)  # pace 1: as saved

@@ -223,7 +223,7 @@ def test_at_pace_the_device_is_slower_and_the_requests_stay_the_profiles(tmp_pat
     item, fixed = f"{MOONCAKE}@42:4", [1024, 2048]
     at_profile = twin_predict.predict_trace(str(profile), item, 0.8, 8, fixed, 2048, {"fixed"})
     paces = {"fixed-2048": 1.25}  # one policy's server ran slower; the other's device stays the profile
-    slower = twin_predict.predict_trace(str(profile), item, 0.8, 8, fixed, 2048, {"fixed"}, None, paces, tmp_path)
+    slower = twin_predict.predict_trace(str(profile), item, 0.8, 8, fixed, 2048, {"fixed"}, paces, tmp_path)
     assert slower["workload"] == at_profile["workload"]  # the same requests at the same times
     for name, slowed_down in (("fixed-2048", True), ("fixed-1024", False)):
         ttft = [t["policies"][name]["request_ttft_ms"] for t in (at_profile, slower)]

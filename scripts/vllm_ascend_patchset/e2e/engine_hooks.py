@@ -23,6 +23,7 @@ policy, every step that carries a prefill is timed and logged as well (``step_lo
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import logger  # the "vllm" logger: vLLM configures it in every process
@@ -75,38 +76,44 @@ def _configure_ascend_logging() -> None:
     configure_ascend_logging()
 
 
-def _mark_upstream_timed_steps(engine_core_cls: type) -> None:
-    """Upstream's model runner times every step until the scheduler sends ``disable_profiling_timing``."""
+def _after_init(engine_core_cls: type, then: Callable[[type], None]) -> None:
+    """Call ``then(scheduler class)`` at the end of every ``EngineCore.__init__``, once its scheduler is built."""
     original_init = engine_core_cls.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        scheduler_cls = type(self.scheduler)
-        schedule = scheduler_cls.schedule
-        if getattr(schedule, "_cpp_e2e_marked", False):
-            return
-
-        def marked_schedule(scheduler: Any, *a: Any, **kw: Any):
-            output = schedule(scheduler, *a, **kw)
-            output.cpp_time_step = not getattr(output, "disable_profiling_timing", False)
-            return output
-
-        marked_schedule._cpp_e2e_marked = True  # type: ignore[attr-defined]
-        scheduler_cls.schedule = marked_schedule
+        then(type(self.scheduler))
 
     engine_core_cls.__init__ = __init__
+
+
+def _mark_upstream_timed_steps(engine_core_cls: type) -> None:
+    """Upstream's model runner times every step until the scheduler sends ``disable_profiling_timing``."""
+    _after_init(engine_core_cls, _mark_upstream_schedule)
+
+
+def _mark_upstream_schedule(scheduler_cls: type) -> None:
+    schedule = scheduler_cls.schedule
+    if getattr(schedule, "_cpp_e2e_marked", False):
+        return
+
+    def marked_schedule(scheduler: Any, *a: Any, **kw: Any):
+        output = schedule(scheduler, *a, **kw)
+        output.cpp_time_step = not getattr(output, "disable_profiling_timing", False)
+        return output
+
+    marked_schedule._cpp_e2e_marked = True  # type: ignore[attr-defined]
+    scheduler_cls.schedule = marked_schedule
 
 
 def _log_steps(engine_core_cls: type) -> None:
     """Time and log every prefill step of the scheduler the engine core builds (``step_log``)."""
-    original_init = engine_core_cls.__init__
+    _after_init(engine_core_cls, _log_scheduler_steps)
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        if step_log.install(type(self.scheduler), logger.info):
-            logger.info("[CPP e2e] every prefill step of %s timed and logged", type(self.scheduler).__name__)
 
-    engine_core_cls.__init__ = __init__
+def _log_scheduler_steps(scheduler_cls: type) -> None:
+    if step_log.install(scheduler_cls, logger.info):
+        logger.info("[CPP e2e] every prefill step of %s timed and logged", scheduler_cls.__name__)
 
 
 def run_engine_core(*args: Any, **kwargs: Any):

@@ -62,7 +62,7 @@ def install(scheduler_cls: type, log: Any) -> bool:
     if getattr(scheduler_cls.schedule, "_cpp_step_log", False):
         return False
     schedule, update_from_output = scheduler_cls.schedule, scheduler_cls.update_from_output
-    kept: dict[int, tuple[Any, list[tuple[int, int]]]] = {}
+    kept: dict[int, tuple[Any, list[tuple[int, int]]]] = {}  # id -> (the output, kept alive: its id stays its own)
 
     @functools.wraps(schedule)
     def logged_schedule(self: Any, *args: Any, **kwargs: Any):
@@ -82,7 +82,7 @@ def install(scheduler_cls: type, log: Any) -> bool:
     def logged_update_from_output(self: Any, scheduler_output: Any, model_runner_output: Any, *args: Any, **kw: Any):
         entry = kept.pop(id(scheduler_output), None)
         measured_ms = getattr(model_runner_output, "execution_time_ms", None)
-        if entry is not None and entry[0] is scheduler_output and measured_ms:
+        if entry is not None and measured_ms:
             log(STEP_LINE, format_pairs(entry[1]), float(measured_ms))
         return update_from_output(self, scheduler_output, model_runner_output, *args, **kw)
 

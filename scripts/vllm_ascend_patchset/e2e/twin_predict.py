@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -40,7 +41,7 @@ from pathlib import Path
 from ..twin import policies as pol
 from ..twin.report import figures_from_result
 from ..twin.slo import default_slo
-from ..twin.surface import batch_ms
+from ..twin.surface import Surface, batch_ms
 from ..twin.surface_files import load_surface, profile_stages
 from ..twin.workloads import long_prompt
 from . import servers
@@ -97,11 +98,16 @@ class Pace:
     steps: int
 
 
+@functools.lru_cache(maxsize=4)
+def _stage_surface(profile: str) -> tuple[Surface, int]:
+    """``profile`` as the twin's surface (the whole model) and the PP size its samples were taken at."""
+    return load_surface(profile), profile_stages(json.loads(Path(profile).read_text()))
+
+
 def serving_pace(profile: str, steps: list) -> Pace | None:
     """The pace of ``steps`` (``[[[chunk, history], ...], measured_ms]``) against ``profile`` (module doc); None
     without any."""
-    data = json.loads(Path(profile).read_text())
-    surface, stages = load_surface(profile), profile_stages(data)
+    surface, stages = _stage_surface(profile)
     timed = []
     for pairs, measured_ms in steps:
         predicted_ms = batch_ms(surface, [(int(c), int(h)) for c, h in pairs]) / stages
@@ -128,15 +134,13 @@ def predict_trace(
     fixed: list[int],
     chunk: int,
     policies: set[str],
-    device: str | None = None,
     paces: dict[str, float] | None = None,
     scratch: Path | None = None,
 ) -> dict:
     """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself.
 
-    ``device``: the surface the batches run at (``surface``, the profile the requests and ours'
-    start-up samples come from, when None). ``paces``: a policy's device at that pace instead (``at_pace``
-    of ``surface``, written under ``scratch``)."""
+    ``paces``: a policy's device runs at that pace (``at_pace`` of ``surface``, written under ``scratch``);
+    without one, at ``surface``, the profile the requests and ours' start-up samples come from."""
     wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
         wanted.append(servers.upstream(chunk))
@@ -146,10 +150,11 @@ def predict_trace(
     paces = paces or {}
     if paces and scratch is None:
         scratch = Path(tempfile.mkdtemp(prefix="twin-devices-"))
-    devices = {p.name: device for p in wanted}
-    for name in devices.keys() & paces.keys():
-        devices[name] = at_pace(surface, paces[name], Path(scratch or ".") / f"device-{name}.json")
-    cases = [(pol.Setup(devices[p.name] or surface, servers.PIPELINE_STAGES, workload), [p]) for p in wanted]
+    devices = {
+        p.name: at_pace(surface, paces[p.name], scratch / f"device-{p.name}.json") if p.name in paces else surface
+        for p in wanted
+    }
+    cases = [(pol.Setup(devices[p.name], servers.PIPELINE_STAGES, workload), [p]) for p in wanted]
     results = [result for [result] in pol.run_cases(cases)]
     out: dict[str, dict] = {}
     for policy, result in zip(wanted, results, strict=True):
@@ -201,15 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace:
         fixed = [int(v) for v in args.fixed.split(",") if v]
         policies = set(args.policies.split(","))
-        device = at_pace(args.surface, args.pace, args.json.with_name(f"{args.json.stem}-device.json"))
         steps = json.loads(args.steps.read_text()) if args.steps else {}
         measured = {name: pace for name, pace in ((n, serving_pace(args.surface, s)) for n, s in steps.items()) if pace}
         names = [servers.fixed(c).name for c in fixed] + [servers.upstream(args.chunk).name, "ours"]
-        paces = policy_paces(measured, names, args.pace) if steps else None
+        paces = policy_paces(measured, names, args.pace)  # every policy at --pace without steps
         traced = predict_trace(
-            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, device, paces,
-            args.json.parent,
-        )  # fmt: skip
+            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, paces, args.json.parent
+        )
         traced["paces"] = {name: dataclasses.asdict(pace) for name, pace in measured.items()}
         args.json.write_text(json.dumps(traced))
         print(json.dumps({name: len(times["request_ttft_ms"]) for name, times in traced["policies"].items()}))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import os
 import sys
 import tempfile
@@ -43,7 +44,8 @@ def replay_class(balance_cls: type) -> type:
     """Upstream's loop whose hooks only replay the batches another scheduler made.
 
     ``replay`` is that scheduler's ``num_scheduled_tokens`` of the same step: each request
-    gets what it got there, and a waiting request it did not admit is passed over. So this
+    gets what it got there, and a waiting request it did not admit is passed over while one it
+    admitted is still behind it (admission stops after the last one, as CPP's hook stops it). So this
     scheduler does vLLM's work for CPP's batches (as many prefill steps, the same chunks)
     with next to no decision cost of its own: CPP's time over it is what CPP's decisions cost.
     """
@@ -52,6 +54,13 @@ def replay_class(balance_cls: type) -> type:
         uses_schedule_hooks = True
         replay: dict[str, int] | None = None  # None: identity hooks (before timing starts)
         differed = 0  # timed steps whose batch was not the one replayed
+        to_admit = 0  # waiting requests of the replayed batch not visited yet in this step
+
+        def schedule_step_starts(self, token_budget):
+            if self.replay is not None:
+                waiting = {r.request_id for r in itertools.chain(self.skipped_waiting, self.waiting)}
+                self.to_admit = sum(1 for request_id in self.replay if request_id in waiting)
+            return token_budget
 
         def cap_running_tokens(self, request, num_new_tokens):
             if self.replay is None:
@@ -61,7 +70,12 @@ def replay_class(balance_cls: type) -> type:
         def cap_waiting_tokens(self, request, history_tokens, num_new_tokens):
             if self.replay is None:
                 return num_new_tokens
-            return min(num_new_tokens, self.replay[request.request_id]) if request.request_id in self.replay else -1
+            if request.request_id in self.replay:
+                self.to_admit -= 1
+                return min(num_new_tokens, self.replay[request.request_id])
+            # Passed over while a request of the batch is still behind it; then admission stops, as
+            # CPP's own hook stops it (a visit costs vLLM's loop a prefix-cache lookup).
+            return -1 if self.to_admit > 0 else 0
 
     return Replay
 

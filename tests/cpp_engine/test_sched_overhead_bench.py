@@ -1,0 +1,38 @@
+"""scripts/bench/cpp_sched_overhead.py: its baseline replays CPP's very batches, so the split it prints holds.
+
+The script times upstream's loop making the batches CPP made (a replay) to tell what CPP's
+decisions cost from what vLLM's loop costs for their batches. That split is only true if
+the replay makes the same batch as CPP in every step, passing over the waiting prompts CPP
+passed over (bursts of prompts of several sizes make CPP pass over long ones to reach
+shorter ones) and stopping where CPP stopped.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+from vllm_ascend_patchset.paths import BENCH_DIR
+
+pytestmark = pytest.mark.full_tier("the bench runs vLLM's scheduler from the assembled tree")
+
+SCRIPT = BENCH_DIR / "cpp_sched_overhead.py"
+PER_STEP = re.compile(r"^(.+?):\s+([\d.]+) us per step", re.MULTILINE)
+
+
+def test_replay_makes_cpps_batches_in_every_step():
+    args = ["--steps", "60", "--decodes", "8", "--every", "3", "--burst", "3", "--device-ms", "0"]
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "60 steps" in run.stdout
+    assert "differed" not in run.stdout, run.stdout
+    timings = dict(PER_STEP.findall(run.stdout))
+    assert set(timings) == {
+        "fixed chunks, vLLM's loop",
+        "upstream's loop, identity hooks",
+        "CPP, upstream's loop",
+        "upstream's loop, CPP's batches",
+    }, run.stdout
+    assert all(float(us) > 0 for us in timings.values())

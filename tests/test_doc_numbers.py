@@ -25,7 +25,7 @@ from vllm_ascend.core import (
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
 from vllm_ascend_patchset.e2e import bench as e2e_bench
-from vllm_ascend_patchset.e2e import ds_bench, ds_smoke, trace_figures, trace_replay
+from vllm_ascend_patchset.e2e import ds_bench, ds_smoke, trace_args, trace_figures, trace_replay
 from vllm_ascend_patchset.e2e import run as e2e_run
 from vllm_ascend_patchset.e2e import servers as e2e_servers
 from vllm_ascend_patchset.e2e import smoke as e2e_smoke
@@ -313,7 +313,8 @@ def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
 
 
 def test_the_e2e_trace_mode_the_doc_describes_is_the_codes():
-    bench = e2e_run.build_parser().parse_args(["bench"])
+    bench = e2e_run.build_parser().parse_args(["bench", "--trace", str(DATA_DIR / "traces" / "mooncake.jsonl")])
+    trace_args.check_trace_args(bench)  # the trace mode's defaults
     says("docs/e2e.md", f"COUNT {trace_replay.DEFAULT_COUNT} when left out")
     says("docs/e2e.md", f"than the servers' `--max-model-len` {e2e_servers.MAX_MODEL_LEN} is skipped")
     says("docs/e2e.md", f"at most `--output-cap` (default {bench.output_cap})")
@@ -335,7 +336,7 @@ def test_the_e2e_trace_mode_the_doc_describes_is_the_codes():
 def test_the_e2e_trace_slice_is_what_the_doc_says():
     records = read_trace(DATA_DIR / "traces" / "mooncake.jsonl", 400)
     limit, count = e2e_servers.MAX_MODEL_LEN, trace_replay.DEFAULT_COUNT
-    cap = e2e_run.build_parser().parse_args(["bench"]).output_cap
+    cap = trace_args.TRACE_DEFAULTS["output_cap"]
     shares = {}
     for start in range(len(records) - count + 1):
         window = records[start : start + count]

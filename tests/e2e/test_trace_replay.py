@@ -9,10 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 
 import pytest
 from vllm_ascend_patchset.e2e import run as e2e_run
-from vllm_ascend_patchset.e2e import servers, trace_replay, twin_predict
+from vllm_ascend_patchset.e2e import servers, trace_args, trace_replay, twin_predict
 from vllm_ascend_patchset.e2e import trace_figures as tf
 from vllm_ascend_patchset.e2e.model import TINY_QWEN3
 from vllm_ascend_patchset.paths import DATA_DIR
@@ -185,9 +186,36 @@ def test_the_fixed_chunks_served_are_the_twins_best_of_the_sweep():
 
 def test_bench_takes_a_trace_and_its_load_and_cap():
     args = e2e_run.build_parser().parse_args(["bench", "--trace", f"{MOONCAKE}@42:20", "--load", "0.9"])
+    trace_args.check_trace_args(args)
     assert (args.trace, args.load, args.output_cap, args.fixed_pick) == (f"{MOONCAKE}@42:20", 0.9, 64, 1)
     assert not args.keep_profile and not args.report_only
     assert e2e_run.build_parser().parse_args(["bench"]).trace is None
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--trace", "nowhere.jsonl@0:4"], "--trace nowhere.jsonl: no such file"),
+        (["--trace", f"{MOONCAKE}@-1:4"], "the slice after @ must be START or START:COUNT"),
+        (["--trace", f"{MOONCAKE}@0:100000"], "the slice needs 100000; give a smaller START or COUNT"),
+        (["--trace", f"{MOONCAKE}@0:4", "--load", "nan"], "--load must be a number > 0"),
+        (["--trace", f"{MOONCAKE}@0:4", "--load", "0"], "--load must be a number > 0"),
+        (["--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"], "--output-cap must be >= 1"),
+        (["--trace", f"{MOONCAKE}@0:4", "--fixed-pick", "-1"], "--fixed-pick must be >= 0"),
+        (["--report-only"], "--report-only: trace-mode flags; add --trace"),
+        (["--load", "0.5", "--keep-profile"], "--load, --keep-profile: trace-mode flags; add --trace"),
+        (["--fixed-pick", "0"], "--fixed-pick: trace-mode flags"),
+    ],
+)
+def test_bad_trace_input_is_refused_before_any_server_starts(argv, says, monkeypatch, tmp_path):
+    def no_server(*args, **kwargs):
+        raise AssertionError("a server was started")
+
+    monkeypatch.setattr(trace_replay, "serve_replay", no_server)
+    monkeypatch.setattr(e2e_run.bench, "run", no_server)
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        e2e_run.main(["bench", "--out", str(tmp_path), *argv])
+    assert not any(tmp_path.iterdir()), "nothing is written (nor a saved profile removed) before the checks"
 
 
 def test_twin_predict_writes_the_replay_and_its_slo_for_the_engines_python(tmp_path):
@@ -318,6 +346,38 @@ def test_the_cached_tokens_come_from_the_servers_usage_report(monkeypatch, usage
 
 
 def test_report_only_without_a_run_says_what_to_run_first(tmp_path):
-    args = argparse.Namespace(out=tmp_path)
+    args = argparse.Namespace(out=tmp_path, report_only=True)
     with pytest.raises(SystemExit, match="run the trace mode without --report-only first"):
-        trace_replay.report_again(args)
+        trace_replay.report_again(args, 0.0)
+
+
+@pytest.mark.parametrize("saved", ["not json", "[]", '[{"policy": "ours"}]'])
+def test_report_only_on_records_that_are_not_a_runs_names_the_file(tmp_path, saved):
+    (tmp_path / "trace").mkdir()
+    (tmp_path / "trace" / "records.json").write_text(saved)
+    args = argparse.Namespace(out=tmp_path, report_only=True)
+    with pytest.raises(SystemExit, match=r"records.json is not a trace run's records .*; run the trace mode"):
+        trace_replay.report_again(args, 0.0)
+
+
+def test_report_only_without_the_saved_profile_says_so(tmp_path):
+    args = argparse.Namespace(out=tmp_path / "trace", report_only=True)
+    with pytest.raises(SystemExit, match=r"--report-only: no saved profile in .*profiles; run the trace mode"):
+        trace_replay.saved_profile(args)
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--stages", "4", "--trace", f"{MOONCAKE}@42:20"], "--stages 4: the trace mode's servers run 2 stages"),
+        (["--stages", "2", "--trace", "nowhere.jsonl@0:4"], "nowhere.jsonl: no such file"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"], "--output-cap must be >= 1"),
+    ],
+)
+def test_twin_predict_names_bad_input_without_a_traceback(tmp_path, capsys, argv, says):
+    base = ["--surface", "synthetic", "--chunk", "2048", "--json", str(tmp_path / "out.json"), "--workload-only"]
+    with pytest.raises(SystemExit) as exit_info:
+        twin_predict.main([*base, *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err

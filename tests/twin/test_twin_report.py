@@ -76,3 +76,33 @@ def test_summary_refuses_a_file_that_is_not_twin_json(tmp_path, capsys):
     path.write_text('{"a": 1}')
     assert main([str(path)]) == 2
     assert f"{path}: not a cpp-twin --json file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content, says",
+    [
+        ("[1, 2]", "a case is not an object"),
+        ('[{"foo": 1}]', "a case lacks its workload or stages"),
+        ('[{"workload": "w", "stages": 2, "rows": []}]', "case 'w' has no rows"),
+        ('[{"workload": "w", "stages": 2, "rows": [{"ttft_mean_ms": 1}]}]', "a row without a policy name"),
+        (
+            '[{"workload": "w", "stages": 2, "rows": [{"name": "ours", "ttft_mean_ms": 0, "ttft_p99_ms": 1}]}]',
+            "ours: TTFT mean and P99 must be positive numbers",
+        ),
+    ],
+)
+def test_summary_names_the_file_and_what_is_wrong_without_a_traceback(tmp_path, capsys, content, says):
+    path = tmp_path / "x.json"
+    path.write_text(content)
+    assert main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: not a cpp-twin --json file (" in err and says in err and "Traceback" not in err
+
+
+def test_summary_reads_past_no_binary_file_and_answers_help(tmp_path, capsys):
+    path = tmp_path / "x.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    assert main([str(path)]) == 2
+    assert f"{path}: not a cpp-twin --json file" in capsys.readouterr().err
+    assert main(["--help"]) == 0
+    assert "usage: python -m vllm_ascend_patchset.twin.summary" in capsys.readouterr().out

@@ -157,7 +157,9 @@ def test_a_slice_past_the_end_or_without_spread_is_refused(tmp_path):
 def test_timestamps_that_go_back_or_cannot_be_scaled_to_the_load_are_refused(tmp_path):
     # prefix hits and arrivals follow the file's order, so a later line may not arrive earlier
     backwards = write(tmp_path, "b.jsonl", [mooncake_line(1000, 600, 3, [1, 2]), mooncake_line(0, 600, 3, [1, 2])])
-    with pytest.raises(ValueError, match=r"b.jsonl:2: timestamp 0 ms is before line 1's 1000; .*sort it by timestamp"):
+    with pytest.raises(
+        ValueError, match=r"b.jsonl:2: timestamp 0.000 ms is before line 1's 1000.000; .*sort it by timestamp"
+    ):
         build(backwards, count=2)
     # a span so small (or a load so low) that the scaled arrivals are not finite: an error, not a hang
     tiny = write(tmp_path, "t.jsonl", [mooncake_line(0, 600, 3, [1, 2]), mooncake_line(1e-310, 600, 3, [3, 4])])
@@ -166,7 +168,34 @@ def test_timestamps_that_go_back_or_cannot_be_scaled_to_the_load_are_refused(tmp
     spread = write(tmp_path, "s.jsonl", [mooncake_line(0, 600, 3, [1, 2]), mooncake_line(500, 600, 3, [3, 4])])
     with pytest.raises(ValueError, match=r"at --load 9.99989e-321: .* cannot be scaled"):
         build(spread, count=2, load=1e-320)
+    with pytest.raises(ValueError, match=r"at --load 1e-12: .* spread over more than 1e\+06 s"):
+        build(spread, count=2, load=1e-12)  # finite, but a replay of 10^13 s is a typo
     assert [r.arrival_ms for r in build(spread, count=2).requests][0] == 0.0
+    # epoch milliseconds one apart read apart in the message
+    close = write(tmp_path, "c.jsonl", [mooncake_line(1234568, 600, 3, [1, 2]), mooncake_line(1234567, 600, 3, [3, 4])])
+    with pytest.raises(ValueError, match=r"timestamp 1234567.000 ms is before line 1's 1234568.000"):
+        build(close, count=2)
+
+
+def test_a_directory_or_a_negative_slice_is_named_for_what_it_is(tmp_path):
+    with pytest.raises(ValueError, match=r"not a regular file"):
+        build(tmp_path)
+    with pytest.raises(ValueError, match=r"the slice after @ must be START or START:COUNT, whole numbers"):
+        parse_trace_item(f"{tmp_path}/t.jsonl@-1:5", 4)
+    with pytest.raises(ValueError, match=r"the slice after @ must be START or START:COUNT"):
+        parse_trace_item("t.jsonl@1.5", 4)
+    assert parse_trace_item("runs@home/t.jsonl", 4).path.name == "t.jsonl"  # an @ in the path is the path's
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    lines = [
+        "TIMESTAMP,ContextTokens,GeneratedTokens",
+        "2023-11-16 18:15:46.6805900,374,44",
+        "2023-11-16 18:15:50.9951690,396,109",
+    ]
+    path = tmp_path / "bom.csv"
+    path.write_text("\ufeff" + "\n".join(lines) + "\n", encoding="utf-8")
+    assert [r.prompt_tokens for r in build(path, count=2).requests] == [374, 396]
 
 
 def test_equal_block_ids_give_equal_tokens_and_the_last_block_may_be_cut():

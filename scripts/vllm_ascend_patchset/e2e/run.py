@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import bench, ds_bench, ds_smoke, smoke, trace_replay
+from . import bench, ds_bench, ds_smoke, smoke, trace_args, trace_replay
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     ds_bench.add_arguments(p_ds_bench)
     p_bench = sub.add_parser("bench", help="fixed chunks, upstream's CPP and ours side by side, with the twin")
     bench.add_arguments(p_bench)
-    trace_replay.add_arguments(p_bench)
+    trace_args.add_arguments(p_bench)
     return parser
 
 
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return ds_bench.run(args)
     if args.trace:
         return trace_replay.run(args)
+    trace_args.check_trace_args(args)  # trace-mode flags without --trace are refused, not ignored
     return bench.run(args)
 
 

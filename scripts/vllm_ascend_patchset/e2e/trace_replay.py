@@ -51,30 +51,13 @@ from . import servers as e2e
 from . import step_log
 from . import trace_figures as tf
 from .model import write_tiny_qwen3
+from .trace_args import DEFAULT_COUNT, check_trace_args
 
 CACHE_BLOCK_TOKENS = 128  # vLLM's block size on the CPU (given to the servers), as in the twin (engine.BLOCK_TOKENS)
 TRACE_MAX_NUM_SEQS = 64  # the twin's MAX_NUM_SEQS (twin/engine.py): both admit the same requests at once
-DEFAULT_COUNT = 20  # requests of a slice given without COUNT
 WARM_UP_IDS = list(range(4096, 4128))  # 32 ids the trace prompts never hold (theirs are below VOCAB_TOKENS)
 LEAD_S = 0.5  # from building the threads to the first arrival
 TWIN_TIMEOUT_S = 1800
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--trace", help="trace mode: replay PATH@START:COUNT (Mooncake .jsonl or Azure .csv)")
-    p.add_argument("--load", type=float, default=0.8, help="trace mode: offered prefill load (of the capacity)")
-    p.add_argument("--output-cap", type=int, default=64, help="trace mode: at most this many output tokens")
-    p.add_argument(
-        "--keep-profile",
-        action="store_true",
-        help="trace mode: ours starts from the profile it saved in an earlier run (in --out) instead of profiling",
-    )
-    p.add_argument(
-        "--report-only", action="store_true", help="trace mode: the last run's table again, the twin run anew"
-    )
-    p.add_argument(
-        "--fixed-pick", type=int, default=1, help="trace mode: serve the twin's N best chunks of --fixed (0: all)"
-    )
 
 
 def server_args() -> tuple[str, ...]:
@@ -208,6 +191,11 @@ def send(port: int, token_ids: list[int], max_tokens: int) -> tuple[list[float],
 def saved_profile(args: argparse.Namespace) -> Path:
     profiles = sorted((args.out / "profiles").glob("cpp-profile-*.json"), key=lambda p: p.stat().st_mtime)
     if not profiles:
+        if args.report_only:
+            raise SystemExit(
+                f"--report-only: no saved profile in {args.out / 'profiles'}; run the trace mode without"
+                " --report-only first (same --out)"
+            )
         raise RuntimeError("ours saved no profile (its log says why): the arrivals need it")
     return profiles[-1]
 
@@ -253,8 +241,9 @@ def fixed_to_serve(args: argparse.Namespace, twin_means: dict[str, float]) -> li
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
+    check_trace_args(args)
     if args.report_only:
-        return report_again(args)
+        return report_again(args, started)
     wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
     if "ours" not in wanted:
         raise SystemExit("--trace: the policies must include ours: its profile sets the arrivals and the twin")
@@ -309,16 +298,20 @@ def twin_figures(
     return TwinReplay(figures, hits, twin.get("paces", {}))
 
 
-def report_again(args: argparse.Namespace) -> int:
+def report_again(args: argparse.Namespace, started: float) -> int:
     """The table of the last run in ``--out`` (its records and ours' saved profile), with the twin run anew."""
     args.out = args.out / "trace"
     saved = args.out / "records.json"
+    again = "run the trace mode without --report-only first (same --out)"
     if not saved.is_file():
-        raise SystemExit(f"--report-only: no {saved}; run the trace mode without --report-only first (same --out)")
-    records = json.loads(saved.read_text())
-    workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
+        raise SystemExit(f"--report-only: no {saved}; {again}")
+    try:
+        records = json.loads(saved.read_text())
+        workload, slo = Workload.from_json(records[0]["workload"]), Slo(**records[0]["slo"])
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
+        raise SystemExit(f"--report-only: {saved} is not a trace run's records ({error!r:.80}); {again}") from None
     twin = twin_figures(args, saved_profile(args), workload, slo, records)
-    return report(records, twin, slo, workload, 0.0)
+    return report(records, twin, slo, workload, time.monotonic() - started)
 
 
 def report(

@@ -172,14 +172,19 @@ def predict_trace(
     return {"workload": workload.to_json(), "notes": list(workload.notes), "policies": out}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="vllm_ascend_patchset.e2e.twin_predict")
-    p.add_argument("--surface", required=True)
-    p.add_argument("--stages", type=int, required=True)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="vllm_ascend_patchset.e2e.twin_predict",
+        description="The twin's prediction of the e2e bench's cases (or its trace replay) from a saved CPP profile.",
+    )
+    p.add_argument("--surface", required=True, help="the profile the engine saved (cpp-profile-*.json), or a surface")
+    p.add_argument(
+        "--stages", type=int, required=True, help=f"pipeline stages (the trace mode: {servers.PIPELINE_STAGES})"
+    )
     p.add_argument("--prompts", default="", help="prompt lengths (one prompt each); or give --trace")
     p.add_argument("--trace", help="PATH@START:COUNT: replay the e2e trace mode's workload")
-    p.add_argument("--load", type=float, default=0.8)
-    p.add_argument("--output-cap", type=int, default=None)
+    p.add_argument("--load", type=float, default=0.8, help="with --trace: offered prefill load, of the capacity")
+    p.add_argument("--output-cap", type=int, default=None, help="with --trace: at most this many output tokens")
     p.add_argument(
         "--workload-only", action="store_true", help="with --trace: write the replay's requests, run nothing"
     )
@@ -191,11 +196,27 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="with --trace: JSON of each server's timed steps; each policy's device at their pace (module doc)",
     )
-    p.add_argument("--fixed", default="")
-    p.add_argument("--chunk", type=int, required=True)
-    p.add_argument("--policies", default="fixed,upstream,ours")
-    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--fixed", default="", help="fixed chunk sizes served, comma-separated")
+    p.add_argument("--chunk", type=int, required=True, help="CPP base chunk (max_num_batched_tokens)")
+    p.add_argument("--policies", default="fixed,upstream,ours", help="subset of fixed,upstream,ours")
+    p.add_argument("--json", type=Path, required=True, help="where the prediction is written")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
+    if args.trace and args.stages != servers.PIPELINE_STAGES:
+        p.error(f"--stages {args.stages}: the trace mode's servers run {servers.PIPELINE_STAGES} stages")
+    if args.output_cap is not None and args.output_cap < 1:
+        p.error(f"--output-cap must be >= 1, got {args.output_cap}")
+    try:
+        return _run(args, p)
+    except (ValueError, OSError) as error:  # bad input: named, without a traceback
+        p.exit(2, f"{p.prog}: error: {error}\n")
+
+
+def _run(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     if args.trace and args.workload_only:
         workload = build_replay(args.surface, args.trace, args.load, args.output_cap, args.chunk)
         slo = default_slo(load_surface(args.surface), args.stages)

@@ -40,15 +40,39 @@ def _cells(row: dict[str, Any] | None) -> list[str]:
     ]
 
 
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _case_problem(case: Any) -> str | None:
+    """What makes ``case`` no case of a cpp-twin ``--json`` file, or None."""
+    if not isinstance(case, dict):
+        return "a case is not an object"
+    if not isinstance(case.get("workload"), str) or not isinstance(case.get("stages"), int):
+        return "a case lacks its workload or stages"
+    rows = case.get("rows")
+    if not isinstance(rows, list) or not rows:
+        return f"case {case['workload']!r} has no rows"
+    for row in rows:
+        if not isinstance(row, dict) or not isinstance(row.get("name"), str):
+            return f"case {case['workload']!r}: a row without a policy name"
+        if not (_positive(row.get("ttft_mean_ms")) and _positive(row.get("ttft_p99_ms"))):
+            return f"case {case['workload']!r}, {row['name']}: TTFT mean and P99 must be positive numbers"
+    return None
+
+
 def load_cases(paths: Sequence[Path]) -> list[dict[str, Any]]:
     cases = []
     for path in paths:
         try:
             data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"{path}: not a cpp-twin --json file ({exc})") from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: not a cpp-twin --json file (expected a list of cases)")
+        problem = next((why for why in map(_case_problem, data) if why), None)
+        if problem:
+            raise ValueError(f"{path}: not a cpp-twin --json file ({problem})")
         cases += [{**case, "surface": case.get("surface") or path.stem} for case in data]
     return cases
 
@@ -92,9 +116,14 @@ def summary_table(cases: Sequence[dict[str, Any]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    paths = [Path(p) for p in (sys.argv[1:] if argv is None else argv)]
+    args = list(sys.argv[1:] if argv is None else argv)
+    usage = "usage: python -m vllm_ascend_patchset.twin.summary FILE.json [FILE.json ...] (cpp-twin --json files)"
+    if any(a in ("-h", "--help") for a in args):
+        print(usage)
+        return 0
+    paths = [Path(p) for p in args]
     if not paths:
-        print("usage: python -m vllm_ascend_patchset.twin.summary FILE.json [FILE.json ...]", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     try:
         print(summary_table(load_cases(paths)))

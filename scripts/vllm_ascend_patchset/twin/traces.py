@@ -40,6 +40,7 @@ from .workloads import TRACE_BLOCK_TOKENS, RequestSpec, Workload, prefill_tokens
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _SLICE = re.compile(r"^(\d+)(?::(\d+))?$")
+MAX_ARRIVAL_SPAN_S = 1e6  # a replay's arrivals spread over at most this (11.6 days); a lower load is a typo
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ def parse_trace_item(text: str, default_count: int) -> TraceSlice:
     path_text, at, tail = text.rpartition("@")
     match = _SLICE.match(tail) if at else None
     if not at or match is None:
-        if at and re.match(r"^[\d:]*$", tail):
+        if at and re.match(r"^[-+\d:.]*$", tail):
             raise ValueError(
                 f"--workload trace:{text}: the slice after @ must be START or START:COUNT, whole numbers"
                 " (e.g. trace:traces.jsonl@100:32)"
@@ -89,7 +90,7 @@ def trace_format(path: Path) -> str:
         return "mooncake"
     if path.suffix == ".csv":
         return "azure"
-    with open(path, encoding="utf-8") as handle:
+    with open(path, encoding="utf-8-sig") as handle:
         first = next((line.strip() for line in handle if line.strip()), "")
     if first.startswith("{"):
         return "mooncake"
@@ -103,19 +104,21 @@ def trace_format(path: Path) -> str:
 
 def read_trace(path: Path, stop: int) -> list[TraceRecord]:
     """The file's first ``stop`` records (fewer if it has fewer), each checked; errors name file:line."""
-    if not path.is_file():
+    if not path.exists():
         raise ValueError(f"--workload trace:{path}: no such file (give a Mooncake .jsonl or an Azure .csv trace)")
+    if not path.is_file():
+        raise ValueError(f"--workload trace:{path}: not a regular file (give a Mooncake .jsonl or an Azure .csv trace)")
     try:
         reader = _mooncake if trace_format(path) == "mooncake" else _azure
-        with open(path, encoding="utf-8", newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
             records = reader(path, handle, stop)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--workload trace:{path}: cannot read it ({exc})") from None
     for before, record in zip(records, records[1:], strict=False):
         if record.timestamp_ms < before.timestamp_ms:  # prefix hits and arrivals follow the file's order
             raise ValueError(
-                f"{path}:{record.line}: timestamp {record.timestamp_ms:g} ms is before line {before.line}'s"
-                f" {before.timestamp_ms:g}; a trace lists requests in arrival order (sort it by timestamp)"
+                f"{path}:{record.line}: timestamp {record.timestamp_ms:.3f} ms is before line {before.line}'s"
+                f" {before.timestamp_ms:.3f}; a trace lists requests in arrival order (sort it by timestamp)"
             )
     return records
 
@@ -290,7 +293,10 @@ def trace_workload(
             f" prompt + output): {', '.join(skipped)}"
         )
     if not kept:
-        raise ValueError(f"--workload trace:{trace.path}@{trace.start}:{trace.count}: every request was skipped")
+        raise ValueError(
+            f"--workload trace:{trace.path}@{trace.start}:{trace.count}: every request was skipped (each is longer"
+            f" than the {max_request_tokens} tokens, prompt + output, the model takes); take another slice"
+        )
     zero = sum(1 for r in kept if r.output_tokens == 0)
     if zero:
         notes.append(f"{zero} request(s) with 0 output tokens replayed with 1 (the first token)")
@@ -307,10 +313,11 @@ def trace_workload(
         )
     mean_gap_ms = sum(work) / len(work) / (load * capacity) * 1000.0
     scale = mean_gap_ms * (len(kept) - 1) / span_ms if len(kept) > 1 else 1.0
-    if not (math.isfinite(scale) and math.isfinite(scale * span_ms)):
+    if not (math.isfinite(scale) and scale * span_ms <= MAX_ARRIVAL_SPAN_S * 1000.0):
         raise ValueError(
             f"--workload trace:{trace.path}@{trace.start}:{trace.count} at --load {load:g}: the slice's"
-            f" {span_ms:g} ms of arrivals cannot be scaled to that load (arrivals would not be finite);"
+            f" {span_ms:g} ms of arrivals cannot be scaled to that load (they would spread over more than"
+            f" {MAX_ARRIVAL_SPAN_S:g} s);"
             " take a slice with more spread or a load nearer 1"
         )
     first = min(stamps)

@@ -1,0 +1,79 @@
+"""The trace mode's command line (``make bench-e2e BENCH_E2E_ARGS="--trace ..."``): its flags and their checks.
+
+``check_trace_args`` refuses bad input before any server starts (a server takes minutes
+to start and profile, and a run clears the profile ours saved before), and the trace
+mode's own flags given without ``--trace`` (they would be ignored by the one-prompt
+bench); it fills in their defaults. The replay itself is ``trace_replay``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from ..twin.traces import parse_trace_item, read_trace
+
+DEFAULT_COUNT = 20  # requests of a slice given without COUNT
+TRACE_DEFAULTS = {"load": 0.8, "output_cap": 64, "fixed_pick": 1}  # the trace mode's own flags, when not given
+TRACE_FLAGS = {"load": "--load", "output_cap": "--output-cap", "fixed_pick": "--fixed-pick"}
+TRACE_SWITCHES = {"keep_profile": "--keep-profile", "report_only": "--report-only"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trace",
+        help=f"trace mode: replay PATH[@START[:COUNT]] (Mooncake .jsonl or Azure .csv; START 0, COUNT {DEFAULT_COUNT})",
+    )
+    p.add_argument(
+        "--load",
+        type=float,
+        help=f"trace mode: offered prefill load, of the capacity (default {TRACE_DEFAULTS['load']})",
+    )
+    p.add_argument(
+        "--output-cap",
+        type=int,
+        help=f"trace mode: at most this many output tokens (default {TRACE_DEFAULTS['output_cap']})",
+    )
+    p.add_argument(
+        "--keep-profile",
+        action="store_true",
+        help="trace mode: ours starts from the profile it saved in an earlier run (in --out) instead of profiling",
+    )
+    p.add_argument(
+        "--report-only", action="store_true", help="trace mode: the last run's table again, the twin run anew"
+    )
+    p.add_argument(
+        "--fixed-pick",
+        type=int,
+        help=f"trace mode: serve the twin's N best chunks of --fixed (0: all; default {TRACE_DEFAULTS['fixed_pick']})",
+    )
+
+
+def check_trace_args(args: argparse.Namespace) -> None:
+    """Refuse bad trace-mode input before any server starts (a server takes minutes, and the run clears the
+    saved profile), and the trace mode's flags without ``--trace``; fill in their defaults."""
+    if not args.trace:
+        given = [flag for key, flag in TRACE_FLAGS.items() if getattr(args, key, None) is not None]
+        given += [flag for key, flag in TRACE_SWITCHES.items() if getattr(args, key, False)]
+        if given:
+            raise SystemExit(f"{', '.join(given)}: trace-mode flags; add --trace PATH@START:COUNT (or leave them out)")
+        return
+    for key, value in TRACE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if not (math.isfinite(args.load) and args.load > 0):
+        raise SystemExit(f"--load must be a number > 0 (a share of the pipeline's prefill capacity), got {args.load}")
+    if args.output_cap < 1:
+        raise SystemExit(f"--output-cap must be >= 1 (output tokens a request may generate), got {args.output_cap}")
+    if args.fixed_pick < 0:
+        raise SystemExit(f"--fixed-pick must be >= 0 (0 serves every chunk of --fixed), got {args.fixed_pick}")
+    try:
+        item = parse_trace_item(args.trace, DEFAULT_COUNT)
+        found = len(read_trace(item.path, item.start + item.count))
+    except ValueError as error:
+        raise SystemExit(str(error).replace("--workload trace:", "--trace ").replace("e.g. trace:", "e.g. ")) from None
+    if found < item.start + item.count:
+        raise SystemExit(
+            f"--trace {args.trace}: the trace has {found} request(s), the slice needs {item.start + item.count};"
+            " give a smaller START or COUNT"
+        )

@@ -133,7 +133,7 @@ def test_an_unwritable_output_is_refused_before_the_run_and_nothing_is_left(
     blocker.write_text("not a folder\n")
     target = blocker / ("out" if folder else "out.json")
     assert main(["--surface", "synthetic", option, str(target)]) == 2
-    assert f"{option} {target}: cannot write there" in capsys.readouterr().err
+    assert f"{option} {target}: {blocker} is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 

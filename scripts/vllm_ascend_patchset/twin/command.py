@@ -41,6 +41,9 @@ from .surface_files import load_surface
 
 def _check_writable(path: Path, option: str, *, folder: bool) -> None:
     """Fail now, not after the run, when an output cannot be written; leave no file behind."""
+    nearest = next((parent for parent in (path if folder else path.parent, *path.parents) if parent.exists()), None)
+    if nearest is not None and not nearest.is_dir():
+        raise ValueError(f"{option} {path}: {nearest} is a file, not a folder; give a path in a folder")
     try:
         if folder:
             path.mkdir(parents=True, exist_ok=True)

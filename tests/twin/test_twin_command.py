@@ -155,6 +155,17 @@ def test_a_writable_json_path_is_not_left_behind_by_the_check(tmp_path, monkeypa
     assert not target.exists(), "the writability check leaves no empty file behind"
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on the fake result's zero stage times
+def test_a_refused_run_makes_no_folder_for_its_json_and_a_run_makes_them(tmp_path, monkeypatch, no_workers):
+    target = tmp_path / "new" / "sub" / "figures.json"
+    argv = ["--surface", "synthetic", "--json", str(target)]
+    assert main([*argv, "--load", "0"]) == 2  # refused after the --json check
+    assert not (tmp_path / "new").exists(), "the check made no folder"
+    monkeypatch.setattr(pol, "run_cases", lambda cases, log_dir: [[fake_result("fixed-8192", "fixed", 8192, 0.0)]])
+    assert main([*argv, "--policies", "fixed", "--workload", "long:1k", "--stages", "2"]) == 1
+    assert json.loads(target.read_text())[0]["workload"] == "long-1k"
+
+
 def test_token_counts_take_a_k_suffix():
     assert parse_tokens("128k") == 131072
     assert parse_tokens("4096") == 4096

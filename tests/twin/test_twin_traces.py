@@ -136,6 +136,7 @@ def test_a_bad_mooncake_line_is_named_by_file_and_line(tmp_path, line, message):
         (["TIMESTAMP,Context,GeneratedTokens"], r"a.csv:1: header lacks ContextTokens"),
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "16/11/2023 18:17,5,5"], r"a.csv:2: TIMESTAMP '16/11/2023"),
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03.5,x,5"], r"a.csv:2: ContextTokens 'x'"),
+        (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03,-10,5"], r"a.csv:2: ContextTokens '-10'"),
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03,5"], r"a.csv:2: 2 value\(s\), the header"),
     ],
 )

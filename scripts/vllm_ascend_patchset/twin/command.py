@@ -51,21 +51,25 @@ def _check_writable(path: Path, option: str, *, folder: bool) -> None:
         else:
             if path.exists() and not path.is_file():
                 raise ValueError(f"{option} {path}: not a regular file; give a file path for the JSON")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp").close()
+            # Where the folders to make would go; they are made when the figures are written, so a
+            # run refused later leaves none behind.
+            tempfile.NamedTemporaryFile(dir=nearest or Path.cwd(), prefix=f".{path.name}.", suffix=".tmp").close()
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot write there ({exc.strerror or exc}); give a writable path") from None
 
 
 def _write_json(path: Path, dump: list) -> bool:
     """Write the figures beside the file and rename them into place; on failure say so (the tables are printed)."""
-    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
+    handle = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # (the check before the run made none)
+        handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False)
         with handle:
             json.dump(dump, handle, indent=1)
         Path(handle.name).replace(path)
     except OSError as exc:
-        Path(handle.name).unlink(missing_ok=True)
+        if handle is not None:
+            Path(handle.name).unlink(missing_ok=True)
         reason = exc.strerror or exc
         message = f"cpp-twin: error: --json {path}: could not write ({reason}); the tables above hold the figures"
         print(message, file=sys.stderr)

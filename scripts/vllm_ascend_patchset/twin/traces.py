@@ -71,8 +71,8 @@ def parse_trace_item(text: str, default_count: int) -> TraceSlice:
     if not at or match is None:
         if at and re.match(r"^[-+\d:.]*$", tail):
             raise ValueError(
-                f"--workload trace:{text}: the slice after @ must be START or START:COUNT, whole numbers"
-                " (e.g. trace:traces.jsonl@100:32)"
+                f"--workload trace:{path_text}@{tail!r}: the slice after @ must be START or START:COUNT, whole"
+                " numbers (e.g. trace:traces.jsonl@100:32)"
             )
         path_text, start, count = text, 0, default_count
     else:
@@ -191,10 +191,9 @@ def _wall_clock_ms(text: str, where: str) -> float:
 
 def _cell_tokens(text: str, where: str, name: str, low: int) -> int:
     try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{where}: {name} {text!r} must be a whole number >= {low}") from None
-    return _whole(value, where, name, low)
+        return _whole(float(text), where, name, low)
+    except ValueError:  # the cell as the file has it, not as a float reads it
+        raise ValueError(f"{where}: {name} {text.strip()!r} must be a whole number >= {low}") from None
 
 
 def _azure(path: Path, handle, stop: int) -> list[TraceRecord]:

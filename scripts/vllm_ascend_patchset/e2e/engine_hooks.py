@@ -47,7 +47,9 @@ def install(policy: str) -> None:
     if policy in ("ours", "upstream"):
         _install_cpp(policy)
     if os.environ.get(step_log.STEP_LOG_ENV):
-        _log_steps(EngineCore)  # after upstream's marks, so this wrapper is the outer one: it only adds marks
+        _after_init(
+            EngineCore, _log_scheduler_steps
+        )  # after upstream's marks, so this wrapper is the outer one: it only adds marks
     _installed = policy
 
 
@@ -65,7 +67,7 @@ def _install_cpp(policy: str) -> None:
     else:
         tree = pristine_root()
         load_module_from_tree(tree, START_UP_MODULE)
-        _mark_upstream_timed_steps(EngineCore)
+        _after_init(EngineCore, _mark_upstream_schedule)
     logger.info("[CPP e2e] engine-core hooks of %s installed from %s", policy, tree)
 
 
@@ -87,12 +89,8 @@ def _after_init(engine_core_cls: type, then: Callable[[type], None]) -> None:
     engine_core_cls.__init__ = __init__
 
 
-def _mark_upstream_timed_steps(engine_core_cls: type) -> None:
-    """Upstream's model runner times every step until the scheduler sends ``disable_profiling_timing``."""
-    _after_init(engine_core_cls, _mark_upstream_schedule)
-
-
 def _mark_upstream_schedule(scheduler_cls: type) -> None:
+    """Upstream's model runner times every step until the scheduler sends ``disable_profiling_timing``."""
     schedule = scheduler_cls.schedule
     if getattr(schedule, "_cpp_e2e_marked", False):
         return
@@ -106,12 +104,8 @@ def _mark_upstream_schedule(scheduler_cls: type) -> None:
     scheduler_cls.schedule = marked_schedule
 
 
-def _log_steps(engine_core_cls: type) -> None:
-    """Time and log every prefill step of the scheduler the engine core builds (``step_log``)."""
-    _after_init(engine_core_cls, _log_scheduler_steps)
-
-
 def _log_scheduler_steps(scheduler_cls: type) -> None:
+    """Time and log every prefill step of the scheduler the engine core builds (``step_log``)."""
     if step_log.install(scheduler_cls, logger.info):
         logger.info("[CPP e2e] every prefill step of %s timed and logged", scheduler_cls.__name__)
 

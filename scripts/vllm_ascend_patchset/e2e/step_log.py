@@ -52,8 +52,8 @@ def timed_steps(log: str) -> list[tuple[list[tuple[int, int]], float]]:
     """The logged steps of a server's log: (pairs, measured ms)."""
     steps = []
     for pairs, ms in STEP_RE.findall(log):
-        batch = [tuple(int(v) for v in pair.split("+")) for pair in pairs.split(",")]
-        steps.append(([(c, h) for c, h in batch], float(ms)))
+        batch = [(int(chunk), int(history)) for chunk, history in (pair.split("+") for pair in pairs.split(","))]
+        steps.append((batch, float(ms)))
     return steps
 
 

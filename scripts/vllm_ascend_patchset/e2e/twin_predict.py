@@ -126,6 +126,16 @@ def policy_paces(measured: dict[str, Pace], names: list[str], default: float) ->
     return {name: measured[name].ratio if name in measured else rest for name in names}
 
 
+def trace_policies(surface: str, fixed: list[int], chunk: int, policies: set[str]) -> list[pol.Policy]:
+    """The trace mode's policies the twin replays: the fixed chunks served, upstream's CPP and ours."""
+    wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
+    if "upstream" in policies:
+        wanted.append(servers.upstream(chunk))
+    if "ours" in policies:
+        wanted.append(ours_from(surface, chunk))
+    return wanted
+
+
 def predict_trace(
     surface: str,
     trace: str,
@@ -141,11 +151,7 @@ def predict_trace(
 
     ``paces``: a policy's device runs at that pace (``at_pace`` of ``surface``, written under ``scratch``);
     without one, at ``surface``, the profile the requests and ours' start-up samples come from."""
-    wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
-    if "upstream" in policies:
-        wanted.append(servers.upstream(chunk))
-    if "ours" in policies:
-        wanted.append(ours_from(surface, chunk))
+    wanted = trace_policies(surface, fixed, chunk, policies)
     workload = build_replay(surface, trace, load, output_cap, chunk)
     paces = paces or {}
     if paces and scratch is None:
@@ -229,7 +235,7 @@ def _run(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         policies = set(args.policies.split(","))
         steps = json.loads(args.steps.read_text()) if args.steps else {}
         measured = {name: pace for name, pace in ((n, serving_pace(args.surface, s)) for n, s in steps.items()) if pace}
-        names = [servers.fixed(c).name for c in fixed] + [servers.upstream(args.chunk).name, "ours"]
+        names = [p.name for p in trace_policies(args.surface, fixed, args.chunk, policies)]
         paces = policy_paces(measured, names, args.pace)  # every policy at --pace without steps
         traced = predict_trace(
             args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, paces, args.json.parent

@@ -10,7 +10,7 @@ With ``--burst N`` the prompts come N at a time (of 6000, 3000, 2000, ... tokens
 steps hold several prefills and the response-ratio allotment (with its prefix-cache
 lookups) runs, which one prompt at a time never needs. A fourth scheduler, upstream's loop
 replaying CPP's batches (``replay_class``), separates what CPP's decisions cost from what
-vLLM's loop costs for the batches they make.
+vLLM's loop costs for the batches they make; ``--parts`` also times CPP's own pieces of a step.
 
     make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300] [--burst 1]
 """
@@ -151,6 +151,47 @@ def timing_plans(rule_cls: type) -> dict[str, float]:
     return spent
 
 
+# CPP's own pieces of a step, timed by ``--parts``: (class attribute path, method, label).
+PARTS = (
+    ("scheduler", "_step_starts", "step start (all of it)"),
+    ("held", "allotment_candidates", "  waiting prompts' prefix-cache lookups"),
+    ("budget", "reserve_decodes", "  decodes' reservation"),
+    ("budget", "allot", "  allotment's sizing"),
+    ("scheduler", "_plan_if_prefills_changed", "  check whether to plan"),
+    ("scheduler", "_after_step", "step's record after it"),
+    ("scheduler", "_calibrate", "output's return to the policy"),
+)
+
+
+def timing_parts(scheduler_cls: type) -> dict[str, float]:
+    """Wraps CPP's pieces of a step (``PARTS``) in wall-clock timers: seconds spent in each.
+
+    A piece's own time only; the loop over the running requests is what the step start
+    spends outside its timed pieces. Each timer costs about a microsecond a call, so a run
+    with ``--parts`` prints the pieces, not ratios to quote."""
+    from vllm_ascend.core import cpp_held, cpp_step_budget, scheduler_profiling_chunk
+
+    spent: dict[str, float] = {label: 0.0 for _, _, label in PARTS}
+    owners = {"scheduler": scheduler_cls, "budget": cpp_step_budget.StepBudget}
+
+    def timed(function, label):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - start
+
+        return wrapper
+
+    for owner, name, label in PARTS:
+        if owner == "held":  # a function the scheduler module imported by name
+            setattr(scheduler_profiling_chunk, name, timed(getattr(cpp_held, name), label))
+        else:
+            setattr(owners[owner], name, timed(getattr(owners[owner], name), label))
+    return spent
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--decodes", type=int, default=128)
@@ -172,6 +213,12 @@ def main() -> int:
         default=5.0,
         help="the engine's wait on the device between steps, untimed (a long-context batch on an NPU takes "
         "tens of ms or more)",
+    )
+    parser.add_argument(
+        "--parts",
+        action="store_true",
+        help="also time CPP's own pieces of a step (step start, lookups, reservation, allotment, record, "
+        "output); the timers cost a little, so use another run for the ratios",
     )
     parser.add_argument(
         "--no-freeze",
@@ -215,8 +262,14 @@ def main() -> int:
     from vllm_ascend.core.cpp_chunk_rule import ChunkRule
 
     planning_s = timing_plans(ChunkRule)
+    parts_s = timing_parts(scheduler_cls) if args.parts else {}
+
+    def timing_starts() -> None:
+        planning_s.update(step=0.0, off=0.0)
+        parts_s.update(dict.fromkeys(parts_s, 0.0))
+
     fixed_us, identity_us, cpp_us, same_us = run_side_by_side(
-        schedulers, helpers, args, replayed=(2, 3), timing_starts=lambda: planning_s.update(step=0.0, off=0.0)
+        schedulers, helpers, args, replayed=(2, 3), timing_starts=timing_starts
     )
     prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
     print(f"{args.decodes} decoding requests, {prompts} every {args.every} steps, {args.steps} steps")
@@ -232,6 +285,10 @@ def main() -> int:
     on_step, off_step = (planning_s[k] / args.steps * 1e6 for k in ("step", "off"))
     print(f"CPP's planning per step: {on_step:.1f} us in the step (counted above),", end=" ")
     print(f"{off_step:.1f} us in the planner thread")
+    if parts_s:
+        print("CPP's own pieces, us per step (timers included):")
+        for label, seconds in parts_s.items():
+            print(f"  {label:44s} {seconds / args.steps * 1e6:8.1f}")
     return 0
 
 

@@ -23,7 +23,7 @@ PER_STEP = re.compile(r"^(.+?):\s+([\d.]+) us per step", re.MULTILINE)
 
 
 def test_replay_makes_cpps_batches_in_every_step():
-    args = ["--steps", "60", "--decodes", "8", "--every", "3", "--burst", "3", "--device-ms", "0"]
+    args = ["--steps", "60", "--decodes", "8", "--every", "3", "--burst", "3", "--device-ms", "0", "--parts"]
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "60 steps" in run.stdout
@@ -36,3 +36,5 @@ def test_replay_makes_cpps_batches_in_every_step():
         "upstream's loop, CPP's batches",
     }, run.stdout
     assert all(float(us) > 0 for us in timings.values())
+    pieces = dict(re.findall(r"^  +(\S.*?\S) +([\d.]+)$", run.stdout.split("CPP's own pieces", 1)[1], re.MULTILINE))
+    assert len(pieces) == 7 and all(float(us) > 0 for us in pieces.values()), run.stdout  # every timer ran

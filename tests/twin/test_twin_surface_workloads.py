@@ -218,6 +218,23 @@ def test_stress_shapes_are_what_their_mechanisms_say():
     assert switch.time_ms(1024, 24_576) - switch.time_ms(1024, 24_575) > 0.1 * switch.pair_ms * 1024 * 24_576
 
 
+def test_a_measured_surface_never_prices_a_request_below_nothing():
+    """A surface measured down to one token, whose per-step overhead grows over the first few hundred
+    tokens (a knee), bends the quadratic fit's constant above the smallest measured steps. The twin's
+    fixed cost stays at most what a step was measured to take, so a decode costs 0 or more and a batch
+    of many decodes is no shorter than one of them alone."""
+    knee = STRESS_SURFACES["knee"]
+    points = [(c, h, knee.time_ms(c, h)) for c in (1, 16, 64, 256, 1024, 4096, 8192) for h in (0, 8192, 32768, 131072)]
+    surface = GridSurface.from_points(points, name="knee grid")
+    assert surface.fit.fixed_ms > surface.time_ms(1, 0)  # the case this guards against
+    assert surface.fixed_ms <= min(ms for _, _, ms in points)
+    for c in (1, 2, 16, 300, 8192, 20_000):
+        for h in (0, 5000, 131072, 200_000):
+            assert request_ms(surface, c, h) >= 0.0, (c, h)
+    decodes = [(1, 4096)] * 200
+    assert batch_ms(surface, decodes) >= surface.time_ms(1, 4096)
+
+
 def test_an_unknown_stress_surface_lists_the_known_ones():
     with pytest.raises(ValueError, match="cache, knee"):
         load_surface("stress:spiky")

@@ -20,6 +20,7 @@ so that runs repeat.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -156,9 +157,12 @@ class GridSurface:
     fit: QuadraticSurface
     name: str = "grid"
 
-    @property
+    @functools.cached_property
     def fixed_ms(self) -> float:
-        return self.fit.fixed_ms
+        """The fit's per-step cost, but never above a measured step: a step of one request costs
+        at least the fixed cost, so no request's own cost is negative (a fit through a curved
+        surface can put its constant above what the smallest chunks were measured to take)."""
+        return min(self.fit.fixed_ms, min(min(level.times_ms) for level in self.levels))
 
     def _grow(self, measured_ms, fit_to, fit_from):
         """Continue a measured time from ``fit_from`` to ``fit_to`` by the fit's ratio of variable parts."""

@@ -301,7 +301,13 @@ def test_the_e2e_docs_dual_stream_settings_are_the_smokes_and_the_benchs():
     says("docs/e2e.md", f"`length_threshold` is {ds_smoke.LENGTH_THRESHOLD}, so which steps split")
     cpp_lens = ds_smoke.CPP_PROMPT_LENS
     assert len(cpp_lens) == 12 and len(cpp_lens) <= 16  # --max-num-seqs 16: all of them in the batch
-    says("docs/e2e.md", f"that case sends twelve prompts of {min(cpp_lens)} to {max(cpp_lens)} tokens")
+    says("docs/e2e.md", f"measured on the host as it is: twelve prompts of {min(cpp_lens)} to {max(cpp_lens)} tokens")
+    cpp_split = ds_smoke.CPP_DUAL_STREAM
+    says(
+        "docs/e2e.md",
+        f"by request count (`split_strategy: {cpp_split['split_strategy']}`) and takes any split "
+        f"(`length_threshold: {cpp_split['length_threshold']}`)",
+    )
     parser = argparse.ArgumentParser()
     ds_bench.add_arguments(parser)
     bench = parser.parse_args([])

@@ -98,7 +98,11 @@ def test_smoke_servers_bind_loopback_and_carry_both_features_only_when_asked(tmp
     assert _flag(both, "--cpp") == "ours" and _flag(both, "--worker-extension-cls") == ds_smoke.DS_CPP_WORKER
     config = json.loads(_flag(both, "--additional-config"))
     assert config["dual_stream_config"]["enabled"] and config["profiling_chunk_config"]["enabled"]
-    assert config["dual_stream_config"]["length_threshold"] == ds_smoke.LENGTH_THRESHOLD
+    ds_config = json.loads(_flag(ds_only, "--additional-config"))["dual_stream_config"]
+    assert ds_config["length_threshold"] == ds_smoke.LENGTH_THRESHOLD and "split_strategy" not in ds_config
+    # With CPP the batches follow a profile of the host: any batch of two or more requests splits.
+    assert config["dual_stream_config"]["split_strategy"] == "half_batch"
+    assert config["dual_stream_config"]["length_threshold"] == 1
     assert not json.loads(_flag(off, "--additional-config"))["dual_stream_config"]["enabled"]
     assert "profiling_chunk_config" not in json.loads(_flag(off, "--additional-config"))
     assert ds_smoke.server_env(4, tmp_path)["VLLM_CPU_OMP_THREADS_BIND"] == "0|1|0|1"

@@ -151,7 +151,8 @@ def timing_plans(rule_cls: type) -> dict[str, float]:
     return spent
 
 
-# CPP's own pieces of a step, timed by ``--parts``: (class attribute path, method, label).
+# CPP's own pieces of a step, timed by ``--parts``: (owner: the scheduler class, the step budget or
+# cpp_held's function the scheduler module imported, name, label).
 PARTS = (
     ("scheduler", "_step_starts", "step start (all of it)"),
     ("held", "allotment_candidates", "  waiting prompts' prefix-cache lookups"),

@@ -67,10 +67,9 @@ def serve_command(model_dir: Path, port: int, tp: int, pp: int, dual_stream: boo
     command += ["--shutdown-timeout", str(e2e.SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     dual = {"enabled": dual_stream, "length_threshold": length_threshold, "cache_dir": str(cache_dir / "ds")}
-    if cpp:
-        dual.update(CPP_DUAL_STREAM)
     additional: dict[str, Any] = {"dual_stream_config": dual}
     if cpp:
+        dual.update(CPP_DUAL_STREAM)
         additional["profiling_chunk_config"] = {**cpp, "cache_dir": str(cache_dir / "cpp")}
         command += ["--scheduler-cls", e2e.OURS_SCHEDULER]
     command += ["--worker-extension-cls", DS_CPP_WORKER if cpp else DS_WORKER]

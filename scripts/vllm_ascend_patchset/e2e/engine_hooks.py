@@ -47,9 +47,8 @@ def install(policy: str) -> None:
     if policy in ("ours", "upstream"):
         _install_cpp(policy)
     if os.environ.get(step_log.STEP_LOG_ENV):
-        _after_init(
-            EngineCore, _log_scheduler_steps
-        )  # after upstream's marks, so this wrapper is the outer one: it only adds marks
+        # After upstream's marks, so this wrapper is the outer one: it only adds marks.
+        _after_init(EngineCore, _log_scheduler_steps)
     _installed = policy
 
 

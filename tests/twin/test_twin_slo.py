@@ -37,6 +37,16 @@ def test_goodput_counts_the_requests_within_both_bounds_on_a_hand_made_log():
     assert "goodput %" in table.splitlines()[1] and " 40.0 " in table.splitlines()[2]
 
 
+def test_end_to_end_latency_is_arrival_to_last_token_and_none_with_a_request_unfinished():
+    logs = hand_made_logs()
+    assert compute_figures("hand", [], logs, num_stages=2).e2e_mean_ms is None  # never-served has no end
+    served = compute_figures("hand", [], logs[:4], num_stages=2)
+    assert served.e2e_mean_ms == pytest.approx((200.0 + 120.0 + 200.0 + 80.0) / 4)
+    assert 199.0 < served.e2e_p99_ms <= 200.0
+    line = format_table("hand", [served], None, None, show_tpot=True, slo=SLO).splitlines()
+    assert "E2E s" in line[1] and " 0.150 " in line[2]
+
+
 def test_goodput_needs_one_tpot_per_ttft():
     with pytest.raises(ValueError, match="one of each per request"):
         goodput([1.0, 2.0], [None], SLO)

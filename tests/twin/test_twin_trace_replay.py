@@ -85,7 +85,8 @@ def test_json_carries_ttft_tpot_itl_and_goodput_of_every_policy(replay):
         figures = figures_from_result(result, 2)
         name = "vllm-fixed-8192" if result["policy"]["kind"] == "fixed" else result["policy"]["name"]
         row = rows[name]
-        for key in ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms", "itl_p99_ms"):
+        for key in ("ttft_mean_ms", "ttft_p50_ms", "ttft_p99_ms", "tpot_mean_ms", "tpot_p99_ms", "itl_p99_ms",
+                    "e2e_mean_ms", "e2e_p99_ms"):  # fmt: skip
             assert row[key] == pytest.approx(getattr(figures, key)) and row[key] > 0
         assert row["goodput"] == pytest.approx(figures.goodput(slo))
         # Alone on the pipeline, every request is served well within the default bounds.

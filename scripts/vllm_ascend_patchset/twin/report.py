@@ -50,6 +50,10 @@ class Figures:
     tpot_p99_ms: float | None
     itl_p99_ms: float | None
     work_ms: float
+    # End-to-end latency, arrival to last token (None while a request is unfinished): what a
+    # request that decodes beside another's prefill pays for its sooner first token shows here.
+    e2e_mean_ms: float | None = None
+    e2e_p99_ms: float | None = None
     problems: tuple[str, ...] = ()
     request_ttft_ms: tuple[float | None, ...] = ()  # per request, in the order of the run's logs (None: no token)
     request_tpot_ms: tuple[float | None, ...] = ()  # per request (None: fewer than 2 output tokens)
@@ -155,6 +159,9 @@ def compute_figures(
     span_ms = (max(first_tokens) - min(log.arrival_ms for log in requests)) if first_tokens else 0.0
     tpot = [t for t in request_tpot if t is not None]
     itl = [float(gap) for log in requests for gap in np.diff(log.token_ms)]
+    e2e = [log.finish_ms - log.arrival_ms for log in requests if log.finish_ms is not None]
+    if len(e2e) < len(requests):
+        e2e = []  # a request never finished: the run has no end-to-end figure (its problems say why)
     return Figures(
         name=name,
         ttft_mean_ms=float(np.mean(ttft)) if ttft else math.nan,
@@ -170,6 +177,8 @@ def compute_figures(
         tpot_p99_ms=_percentile(tpot, 99) if tpot else None,
         itl_p99_ms=_percentile(itl, 99) if itl else None,
         work_ms=work_ms,
+        e2e_mean_ms=float(np.mean(e2e)) if e2e else None,
+        e2e_p99_ms=_percentile(e2e, 99) if e2e else None,
         problems=tuple(completeness_problems(requests, max_overshoot_tokens)),
         request_ttft_ms=tuple(request_ttft),
         request_tpot_ms=tuple(request_tpot),
@@ -211,7 +220,7 @@ def format_table(
     """
     head = ["policy", "TTFT mean s", "P50 s", "P99 s", "prefill tok/s", "bubble %", "steady %", "CV", "chunks"]
     if show_tpot:
-        head += ["TPOT ms", "TPOT P99", "ITL P99"] + (["goodput %"] if slo else [])
+        head += ["TPOT ms", "TPOT P99", "ITL P99", "E2E s", "E2E P99 s"] + (["goodput %"] if slo else [])
     head += ["vs tuned", "vs upstream"]
     if optimum_ms:
         head += ["vs optimum"]
@@ -232,6 +241,7 @@ def format_table(
             line += [
                 "-" if value is None else f"{value:.1f}" for value in (f.tpot_mean_ms, f.tpot_p99_ms, f.itl_p99_ms)
             ]
+            line += ["-" if value is None else f"{value / 1000:.3f}" for value in (f.e2e_mean_ms, f.e2e_p99_ms)]
             if slo:
                 line.append(f"{100 * f.goodput(slo):.1f}")
         line += [_ratio(f.ttft_mean_ms, tuned), _ratio(f.ttft_mean_ms, upstream)]

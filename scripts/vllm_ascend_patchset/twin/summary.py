@@ -3,8 +3,9 @@
     python -m vllm_ascend_patchset.twin.summary build/bench/traces-*.json
 
 A markdown row per case (surface, workload, load, P) with, for each policy, TTFT mean
-and P99 (s), TPOT P99 (ms) and goodput (%, under the case's SLO); then, per surface,
-each policy's mean goodput and the geometric mean of its mean TTFT over tuned fixed's.
+and P99 (s), TPOT P99 (ms), end-to-end latency mean and P99 (s, arrival to last token)
+and goodput (%, under the case's SLO); then, per surface, each policy's mean goodput and
+the geometric means of its mean TTFT and of its mean end-to-end latency over tuned fixed's.
 """
 
 from __future__ import annotations
@@ -30,14 +31,20 @@ def _policy(name: str) -> str | None:
 
 def _cells(row: dict[str, Any] | None) -> list[str]:
     if row is None:
-        return ["-", "-", "-"]
+        return ["-", "-", "-", "-"]
     tpot = row.get("tpot_p99_ms")
     goodput = row.get("goodput")
+    e2e = row.get("e2e_mean_ms"), row.get("e2e_p99_ms")
     return [
         f"{row['ttft_mean_ms'] / 1000:.2f} / {row['ttft_p99_ms'] / 1000:.2f}",
         "-" if tpot is None else f"{tpot:.0f}",
+        "-" if not all(map(_positive, e2e)) else f"{e2e[0] / 1000:.2f} / {e2e[1] / 1000:.2f}",
         "-" if goodput is None else f"{100 * goodput:.0f}",
     ]
+
+
+def _geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 def _positive(value: Any) -> bool:
@@ -80,9 +87,9 @@ def load_cases(paths: Sequence[Path]) -> list[dict[str, Any]]:
 def summary_table(cases: Sequence[dict[str, Any]]) -> str:
     head = ["surface", "workload", "load", "P", "tuned C"]
     for _, label in POLICIES:
-        head += [f"{label} TTFT mean / P99 s", "TPOT P99 ms", "goodput %"]
+        head += [f"{label} TTFT mean / P99 s", "TPOT P99 ms", "E2E mean / P99 s", "goodput %"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    totals: dict[tuple[str, str], list[tuple[float, float | None]]] = {}
+    totals: dict[tuple[str, str], list[tuple[float, float | None, float | None]]] = {}
     counts: dict[str, int] = {}
     for case in cases:
         rows = {_policy(r["name"]): r for r in case["rows"]}
@@ -98,7 +105,9 @@ def summary_table(cases: Sequence[dict[str, Any]]) -> str:
             row = rows.get(key)
             if row is not None and tuned is not None:
                 ratio = row["ttft_mean_ms"] / tuned["ttft_mean_ms"]
-                totals.setdefault((cells[0], key), []).append((ratio, row.get("goodput")))
+                e2e = row.get("e2e_mean_ms"), tuned.get("e2e_mean_ms")
+                e2e_ratio = e2e[0] / e2e[1] if all(map(_positive, e2e)) else None
+                totals.setdefault((cells[0], key), []).append((ratio, row.get("goodput"), e2e_ratio))
         lines.append("| " + " | ".join(cells) + " |")
     out = ["\n".join(lines), ""]
     for surface, count in counts.items():
@@ -107,10 +116,12 @@ def summary_table(cases: Sequence[dict[str, Any]]) -> str:
             values = totals.get((surface, key))
             if not values:
                 continue
-            ratio = math.exp(sum(math.log(r) for r, _ in values) / len(values))
-            goodputs = [g for _, g in values if g is not None]
+            ratio = _geomean([r for r, _, _ in values])
+            e2e_ratios = [e for _, _, e in values if e is not None]
+            e2e = f", E2E x{_geomean(e2e_ratios):.3f}" if len(e2e_ratios) == len(values) else ""
+            goodputs = [g for _, g, _ in values if g is not None]
             mean_goodput = f", mean goodput {100 * sum(goodputs) / len(goodputs):.1f}%" if goodputs else ""
-            parts.append(f"{label}: TTFT x{ratio:.3f} of tuned{mean_goodput}")
+            parts.append(f"{label}: TTFT x{ratio:.3f}{e2e} of tuned{mean_goodput}")
         out.append(f"{surface} ({count} cases): " + ("; ".join(parts) or "no tuned fixed to compare with"))
     return "\n".join(out)
 

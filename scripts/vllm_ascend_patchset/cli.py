@@ -93,11 +93,12 @@ def cmd_check_pin(args: argparse.Namespace) -> int:
 
 def cmd_port(args: argparse.Namespace) -> int:
     from .paths import PACKAGE
-    from .port import check_descends, port, write_report
+    from .port import check_descends, check_report_path, port, write_report
     from .series import load_overlay, load_patches
     from .targets import load_target
     from .trees import pristine_root
 
+    check_report_path(args.report)  # before anything is written: the checkout's changes would refuse a rerun
     pin = Pin.load()
     pristine = pristine_root(_target(args)) / PACKAGE
     target = load_target(args.target) if args.target else None

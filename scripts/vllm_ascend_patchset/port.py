@@ -24,6 +24,7 @@ report ``port_report``'s, and what happens at each overlay file's path ``port_ov
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -178,11 +179,56 @@ def answered_contracts(results: list[ContractResult], target: UpstreamTarget) ->
     return out
 
 
+def _report_problem(path: Path) -> str | None:
+    """Why the report cannot be written at ``path`` (made with its folders), or None."""
+    path = Path(os.path.realpath(path))  # a link is written through: check where it leads
+    if path.is_dir():
+        return f"is a folder; give a file in it, e.g. --report {path / 'port-report.txt'}"
+    if path.exists():
+        if not path.is_file():
+            return "is not a regular file; give the path of a file (new or a report to overwrite)"
+        try:
+            with open(path, "a"):  # opening for append changes nothing
+                pass
+        except OSError as error:
+            return f"cannot be written ({error.strerror}); give a writable path"
+        return None
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is a file where a folder is needed; give a path under a folder"
+    try:  # the only sure test that a file can be made there (permissions, read-only mounts, /proc)
+        handle, probe = tempfile.mkstemp(dir=folder, prefix=".port-report-")
+        os.close(handle)
+        os.unlink(probe)
+    except OSError as error:
+        return f"no file can be made in {folder} ({error.strerror}); give a path in a writable folder"
+    return None
+
+
+def check_report_path(path: Path | None) -> None:
+    """Refuse a report path that cannot be written before the port writes anything (``port`` would have written
+    the checkout first, then failed, and a rerun is refused for the changes it made). The default path's name
+    comes from the checkout, so its folder is what is checked."""
+    shown = f"--report {path}" if path is not None else f"the report folder {REPORT_DIR}"
+    problem = _report_problem(path if path is not None else REPORT_DIR / "report.txt")
+    if problem is not None:
+        raise PortError(f"{shown}: {problem}; nothing was ported")
+
+
 def write_report(report: PortReport, path: Path | None = None) -> Path:
     """The full report, by default ``build/port/<ref>.txt`` (``<ref>-target-<name>.txt`` for a target's series)."""
     path = path or REPORT_DIR / (
         f"{report.describe}-target-{report.target}.txt" if report.target else f"{report.describe}.txt"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.render(full=True))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(report.render(full=True))
+    except OSError as error:  # checked before the port (check_report_path); the disk may still fill up
+        done = "nothing was written to the checkout" if report.dry_run else f"{len(report.written)} files were written"
+        raise PortError(
+            f"the full report could not be written to {path} ({error.strerror}); {done}, as the short report "
+            "above says; 'git -C <checkout> diff' shows the port's changes"
+        ) from None
     return path

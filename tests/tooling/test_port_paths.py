@@ -19,6 +19,7 @@ import pytest
 from git_repo import git
 from scripted_upstream import port_inputs, port_onto, status, upstream_repo
 from vllm_ascend_patchset import cli
+from vllm_ascend_patchset import port as port_module
 from vllm_ascend_patchset.checkout_files import CheckoutPathError, path_problems, write_text
 from vllm_ascend_patchset.paths import OVERLAY_DIR, PACKAGE
 from vllm_ascend_patchset.port import PortError, port
@@ -229,3 +230,41 @@ def test_a_git_ignored_file_at_the_path_of_ours_is_refused_and_kept(tmp_path, pr
     assert f"uncommitted changes in files the port writes:\n!! {PACKAGE}/{OURS}\n" in message
     assert "move an ignored (!!) file away" in message
     assert (repo / PACKAGE / OURS).read_text() == "# a local, ignored file\n"
+
+
+# The report's path, checked before anything is written.
+
+
+def test_a_report_path_that_cannot_be_written_is_refused_before_the_checkout_is_touched(tmp_path, pristine, capsys):
+    """The port used to write the checkout, then fail on the report with a traceback: the report was lost and
+    a rerun refused for the port's own changes."""
+    repo = _repo(tmp_path, pristine)
+    afile = tmp_path / "afile"
+    afile.write_text("a file\n")
+    bad = {tmp_path: "is a folder; give a file in it", afile / "r.txt": f"{afile} is a file where a folder is needed"}
+    if Path("/proc/self").is_dir():  # no file can be made there, whoever runs the test
+        bad[Path("/proc/port-report.txt")] = "no file can be made in /proc"
+    for where, why in bad.items():
+        for dry_run in ([], ["--dry-run"]):
+            assert cli.main(["port", str(repo), *dry_run, "--report", str(where)]) == 2
+            captured = capsys.readouterr()
+            assert f"error: --report {where}: {why}" in captured.err and "nothing was ported" in captured.err
+            assert "Traceback" not in captured.err and captured.out == ""
+            assert status(repo) == set(), "nothing written to the checkout"
+    assert afile.read_text() == "a file\n"
+    report = tmp_path / "new" / "folder" / "r.txt"  # folders still to make are fine
+    assert cli.main(["port", str(repo), "--dry-run", "--report", str(report)]) == 0, capsys.readouterr().err
+    assert report.read_text().startswith("Port of the patch set to")
+
+
+def test_the_default_report_folder_is_checked_and_a_late_write_failure_is_an_error_not_a_traceback(
+    tmp_path, pristine, monkeypatch
+):
+    afile = tmp_path / "afile"
+    afile.write_text("a file\n")
+    monkeypatch.setattr(port_module, "REPORT_DIR", afile / "port")
+    with pytest.raises(PortError, match=f"the report folder {afile}/port: {afile} is a file where a folder is needed"):
+        port_module.check_report_path(None)
+    report = port_onto(_repo(tmp_path, pristine), pristine, dry_run=True)
+    with pytest.raises(PortError, match=f"could not be written to {afile}/r.txt .*nothing was written to the checkout"):
+        port_module.write_report(report, afile / "r.txt")

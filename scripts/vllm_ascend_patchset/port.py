@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from .checkout_files import path_problems, write_text
-from .contracts import ContractResult, config_contract, metadata_contract
+from .contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult, config_contract, metadata_contract
 from .paths import BUILD_DIR, OVERLAY_DIR, PACKAGE
 from .port_overlay import overlay_result
 from .port_report import PortReport
@@ -65,6 +65,22 @@ def check_top_level(upstream: Path) -> None:
         raise PortError(f"UPSTREAM_SRC {upstream}: a folder inside a checkout; give its top level, {top}")
 
 
+def not_utf8(upstream: Path, paths: list[str]) -> list[str]:
+    """One line per file of ``paths`` (in the checkout; absent ones skipped) that is not UTF-8, with where."""
+    found = []
+    for path in dict.fromkeys(paths):
+        try:
+            data = (upstream / path).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            line = data.count(b"\n", 0, error.start) + 1
+            found.append(f"{path}: byte 0x{data[error.start]:02x} on line {line} ({error.reason})")
+    return found
+
+
 def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[str, str]:
     """(commit, describe) of the checkout; refuses one the port could damage."""
     problems = path_problems(upstream, paths)
@@ -74,6 +90,14 @@ def _check_checkout(upstream: Path, paths: list[str], dry_run: bool) -> tuple[st
         )
     if not (upstream / PACKAGE / "__init__.py").is_file():
         raise PortError(f"{upstream} holds no {PACKAGE}/__init__.py; point UPSTREAM_SRC at a vllm-ascend checkout")
+    undecodable = not_utf8(upstream, [*paths, f"{PACKAGE}/{ATTENTION_V1}", f"{PACKAGE}/{ASCEND_CONFIG}"])
+    if undecodable:
+        raise PortError(
+            f"{upstream}: the port reads and writes UTF-8 text, and these files it reads are not UTF-8:\n  "
+            + "\n  ".join(undecodable)
+            + "\nconvert each to UTF-8 in a commit (e.g. iconv -f latin1 -t utf-8 FILE), then port again; "
+            "nothing was written"
+        )
     check_top_level(upstream)
     commit = _git(upstream, "rev-parse", "HEAD")
     describe = _git(upstream, "describe", "--tags", "--always")

@@ -94,4 +94,4 @@ def overlay_result(
 
 
 def _lines(path: Path) -> list[str] | None:
-    return path.read_text().splitlines(keepends=True) if path.exists() else None
+    return path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else None

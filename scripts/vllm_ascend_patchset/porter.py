@@ -27,7 +27,7 @@ UPSTREAM_LABEL = "upstream"
 
 def read_lines(path: Path) -> list[str] | None:
     """A file's lines with their ends; None when there is no such file."""
-    return path.read_text().splitlines(keepends=True) if path.exists() else None
+    return path.read_text(encoding="utf-8").splitlines(keepends=True) if path.exists() else None
 
 
 def _conflict_detail(merged: str, label: str, first: str = UPSTREAM_LABEL) -> str:

@@ -268,3 +268,28 @@ def test_the_default_report_folder_is_checked_and_a_late_write_failure_is_an_err
     report = port_onto(_repo(tmp_path, pristine), pristine, dry_run=True)
     with pytest.raises(PortError, match=f"could not be written to {afile}/r.txt .*nothing was written to the checkout"):
         port_module.write_report(report, afile / "r.txt")
+
+
+def test_files_the_port_reads_that_are_not_utf8_are_named_with_the_fix_before_anything_is_written(
+    tmp_path, pristine, capsys
+):
+    """A decode error used to name no file: 'utf-8' codec can't decode byte 0xe9 ..."""
+    patched = load_patches()[0].files[0]
+    replaced = next(e for e in load_overlay() if e.replaces).repo_path
+
+    def latin1(repo: Path) -> None:
+        for path in (patched, replaced):
+            (repo / path).write_bytes((repo / path).read_bytes() + b"# caf\xe9\n")
+
+    repo = _repo(tmp_path, pristine, latin1)
+    lines = {path: (repo / path).read_bytes().count(b"\n") for path in (patched, replaced)}
+    for dry_run in (False, True):
+        with pytest.raises(PortError) as error:
+            port_onto(repo, pristine, dry_run=dry_run)
+        message = str(error.value)
+        for path, line in lines.items():
+            assert f"\n  {path}: byte 0xe9 on line {line} (invalid continuation byte)" in message, message
+        assert "convert each to UTF-8 in a commit" in message and "nothing was written" in message
+    assert cli.main(["port", str(repo), "--report", str(tmp_path / "r.txt")]) == 2
+    assert f"{patched}: byte 0xe9" in capsys.readouterr().err
+    assert status(repo) == set()

@@ -60,17 +60,32 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--stages", "1,2"], "--stages 1,2: CPP (ours, upstream) needs pipeline parallelism, P >= 2"),
         (["--stages", "4", "--layers", "8,8"], "one positive layer count per stage"),
         (["--stages", "2", "--layers", "8,x"], "--layers '8,x': give whole numbers >= 1"),
+        # bounds from what the twin can mean (each ran for minutes, or gave figures not to be trusted)
+        (["--stages", "100000000000000000000"], "--stages 100000000000000000000: at most 64 pipeline stages"),
+        (["--stages", "2,65"], "--stages 2,65: at most 64 pipeline stages (a real pipeline has a few dozen"),
+        (["--noise", "1e308"], "--noise must be a finite number in [0, 1], got 1e+308 (a relative sigma"),
+        (["--noise", "1.01"], "--noise must be a finite number in [0, 1], got 1.01"),
+        (["--load", "1e-300"], "--load must be a finite number in [0.01, 100], got 1e-300 (a fraction of the"),
+        (["--load", "0.5,101"], "--load must be a finite number in [0.01, 100], got 101.0"),
+        (["--workload", "mixed", "--requests", "1000000"], "--requests must be in [1, 10000], got 1000000"),
+        (
+            ["--workload", "mixed", "--requests", "2000"],
+            "--requests/--prompt-range: 2000 requests of ",
+        ),
+        (["--workload", "trace:t.jsonl@0:20000"], "COUNT 20000 is more than a run replays (10000 requests at most)"),
+        (["--surface", "quadratic:1,1e300,0,0,0"], "the twin's largest batch (2097152 tokens after 2097152 of"),
+        (["--surface", "quadratic:1,0,0,0,1e-2"], "takes 4.39805e+10 ms on it; a batch must take at most 1e+10 ms"),
         (["--chunk", "10"], "--chunk 10: a chunk budget must lie in [64, "),
         (["--chunk", "abc"], "argument --chunk: token count 'abc'"),
         (["--min-chunk", "-5"], "argument --min-chunk: token count '-5'"),
         (["--sweep", "4096,10"], "--sweep 10: a chunk budget must lie in [64, "),
         (["--sweep", "4096,x"], "--sweep item 'x'"),
-        (["--noise", "-0.1"], "--noise must be a finite number in [0, inf), got -0.1"),
-        (["--noise", "nan"], "--noise must be a finite number in [0, inf), got nan"),
-        (["--load", "inf"], "--load must be a finite number in (0, inf), got inf"),
+        (["--noise", "-0.1"], "--noise must be a finite number in [0, 1], got -0.1"),
+        (["--noise", "nan"], "--noise must be a finite number in [0, 1], got nan"),
+        (["--load", "inf"], "--load must be a finite number in [0.01, 100], got inf"),
         (["--prefix-hit-share", "1.5"], "--prefix-hit-share must be a finite number in [0, 1]"),
         (["--seed", "-1"], "--seed must be >= 0"),
-        (["--requests", "0"], "--requests must be >= 1"),
+        (["--requests", "0"], "--requests must be in [1, 10000], got 0"),
         (["--policies", ""], "--policies '': give at least one of fixed,tuned,upstream,ours"),
         (["--policies", " , "], "give at least one of fixed,tuned,upstream,ours"),
         (["--policies", "fixed,best"], "unknown ['best']"),
@@ -123,6 +138,15 @@ def test_a_bad_profile_sample_is_named(tmp_path, samples, message, capsys, no_wo
     spec = _file(tmp_path, "profile.json", json.dumps({"samples": samples}))
     assert main(["--surface", spec]) == 2
     assert f"--surface {spec}: {message}" in capsys.readouterr().err
+
+
+def test_profile_coefficients_beyond_any_batch_time_are_refused(tmp_path, capsys, no_workers):
+    """Coefficients of 1e300 were accepted: every batch took inf ms, and the figures meant nothing."""
+    coefficients = {"c0_ms": 1.0, "c1_ms": 1e300, "c2_ms": 0.0, "c3_ms": 0.0, "c4_ms": 0.0}
+    spec = _file(tmp_path, "profile.json", json.dumps({"coefficients": coefficients}))
+    assert main(["--surface", spec, "--policies", "fixed"]) == 2
+    err = capsys.readouterr().err
+    assert f"--surface {spec}: the twin's largest batch" in err and "a batch must take at most 1e+10 ms" in err
 
 
 @pytest.mark.parametrize("option, folder", [("--json", False), ("--plot", True), ("--log-dir", True)])

@@ -24,13 +24,17 @@ from ..paths import CPU_SURFACE
 from . import policies as pol
 from .optimum import Optimum, optimum
 from .options import (
+    MAX_NOISE,
+    MAX_STAGES,
     add_workload_arguments,
     build_workloads,
     check_chunk,
+    check_noise,
     check_number,
     parse_chunks,
     parse_counts,
     parse_smooth_factors,
+    parse_stages,
     slo_for,
     tokens_option,
     validate_workload_args,
@@ -80,7 +84,7 @@ def _write_json(path: Path, dump: list) -> bool:
 def validate_args(args: argparse.Namespace) -> None:
     """Every option checked before a worker starts; an error names the option and what to give."""
     check_chunk(args.chunk, "--chunk")
-    check_number(args.noise, "--noise", 0.0)
+    check_noise(args.noise)
     check_number(args.drift, "--drift", 0.0, 0.99)
     validate_workload_args(args)
     if args.seed < 0:
@@ -111,7 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="latency surface: a CSV (chunk_tokens,history_tokens,latency_ms), the profile JSON the engine saved,\n"
         "'synthetic', or quadratic:C0,C1,C2,C3,C4 (default: tests/data/cpu_surface.csv if present, else synthetic)",
     )
-    p.add_argument("--stages", default="4", help="pipeline stages P, comma-separated (e.g. 2,4,8)")
+    p.add_argument(
+        "--stages", default="4", help=f"pipeline stages P, comma-separated (e.g. 2,4,8; at most {MAX_STAGES})"
+    )
     add_workload_arguments(p)
     p.add_argument("--chunk", type=tokens_option, default=8192, help="max_num_batched_tokens / CPP base chunk")
     p.add_argument(
@@ -123,7 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smooth-factor", type=float, default=None, help="CPP smooth_factor (default: each scheduler's)")
     p.add_argument("--min-chunk", type=tokens_option, default=None, help="CPP min_chunk (default: each scheduler's)")
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload and of stage-time noise")
-    p.add_argument("--noise", type=float, default=0.0, help="sigma of log-normal multiplicative stage-time noise")
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help=f"sigma of log-normal multiplicative stage-time noise, relative (at most {MAX_NOISE:g})",
+    )
     p.add_argument("--drift", type=float, default=0.0, help="amplitude of a slow drift of stage times (e.g. 0.05)")
     p.add_argument("--layers", default=None, help="layers per stage, comma-separated (uneven split), e.g. 15,16,16,17")
     p.add_argument(
@@ -241,7 +252,7 @@ def _run(args: argparse.Namespace) -> int:
     validate_args(args)
     surface_spec = args.surface or default_surface()
     surface = load_surface(surface_spec)
-    stage_counts = parse_counts(args.stages, "--stages")
+    stage_counts = parse_stages(args.stages)
     wanted = policy_names(args)
     if min(stage_counts) < 2 and wanted & {"ours", "upstream"}:
         raise ValueError(

@@ -21,6 +21,24 @@ from .workloads import Workload, long_prompt, mixed
 
 LONGEST_REQUEST_TOKENS = TINY_MODEL_MAX_POSITIONS - MODEL_LEN_SLACK_TOKENS  # prompt + output the twin's model takes
 
+# Upper (and lower) bounds of the options that size a run, from what the twin can mean; each is checked before
+# any worker starts (an unbounded value used to run for minutes and then fail with a MemoryError, or finish
+# with figures not to be trusted).
+MAX_STAGES = 64  # PP splits a model's layers over its stages (61 layers in DeepSeek-V3, 126 in Llama 3 405B) and
+# deployments use a few dozen stages at most; past 64 a stage holds one or two layers of any model
+MAX_REQUESTS = 10_000  # requests of a workload: a worker replays every one of them once per policy and swept
+# chunk (about a dozen runs a case), at 20 to 40 ms a request and run on a CPU core: 10,000 take an hour or more
+MAX_WORKLOAD_TOKENS = 1 << 25  # prompt + output tokens of a workload: each worker holds every prompt's token ids
+# (some 50 bytes a token as vLLM's Python lists), so 32 Mi tokens are about 1.6 GB a worker, and up to three
+# workers (one per tree) run side by side
+REQUESTS_WHY = "every worker replays each request once per policy and swept chunk"
+MAX_NOISE = 1.0  # sigma of the log-normal stage-time noise, relative: at 1 one sigma already spans 0.37x..2.7x
+# of a stage's time; above it the noise, not the surface, decides every batch
+MIN_LOAD = 0.01  # offered prefill load, a fraction of capacity: at 1% requests already run alone (the figures
+# are those of any lower load), and far lower the arrivals grow so large that a step's ms is lost beside them
+MAX_LOAD = 100.0  # at 100x capacity every request queues behind all earlier ones: a burst a higher load only
+# compresses
+
 
 def parse_tokens(text: str, what: str = "token count") -> int:
     """``4096``, ``128k`` (x1024) -> tokens: a whole number > 0."""
@@ -43,11 +61,15 @@ def tokens_option(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def check_number(value: float, option: str, low: float, high: float = math.inf, *, low_open: bool = False) -> None:
+def check_number(
+    value: float, option: str, low: float, high: float = math.inf, *, low_open: bool = False, why: str = ""
+) -> None:
+    """``value`` is finite and in [low, high] (``low_open``: (low, high]); else a ValueError naming ``option``,
+    the interval and, with ``why``, the reason for it."""
     inside = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
     if not inside:
         interval = f"{'(' if low_open else '['}{low:g}, {'inf)' if high == math.inf else f'{high:g}]'}"
-        raise ValueError(f"{option} must be a finite number in {interval}, got {value}")
+        raise ValueError(f"{option} must be a finite number in {interval}, got {value}" + (f" ({why})" if why else ""))
 
 
 def parse_counts(text: str, option: str) -> list[int]:
@@ -59,6 +81,23 @@ def parse_counts(text: str, option: str) -> list[int]:
     if not counts or min(counts) < 1:
         raise ValueError(f"{option} {text!r}: give whole numbers >= 1, comma-separated (e.g. 2,4,8)")
     return counts
+
+
+def parse_stages(text: str) -> list[int]:
+    """``--stages``: stage counts in [1, MAX_STAGES]."""
+    counts = parse_counts(text, "--stages")
+    if max(counts) > MAX_STAGES:
+        raise ValueError(
+            f"--stages {text}: at most {MAX_STAGES} pipeline stages (a real pipeline has a few dozen at most;"
+            f" past {MAX_STAGES} a stage holds one or two layers of any model)"
+        )
+    return counts
+
+
+def check_noise(sigma: float) -> None:
+    """``--noise``: a relative sigma in [0, MAX_NOISE]."""
+    why = "a relative sigma of log-normal stage-time noise; above 1 the noise, not the surface, decides every batch"
+    check_number(sigma, "--noise", 0.0, MAX_NOISE, why=why)
 
 
 def check_chunk(tokens: int, option: str) -> int:
@@ -91,13 +130,16 @@ def parse_smooth_factors(text: str, option: str) -> list[float]:
 
 
 def parse_loads(text: str) -> list[float]:
-    """``0.5,0.8`` -> offered loads, each a finite number > 0."""
+    """``0.5,0.8`` -> offered loads, each in [MIN_LOAD, MAX_LOAD]."""
     try:
         loads = [float(v) for v in text.split(",")]
     except ValueError:
-        raise ValueError(f"--load {text!r}: give numbers > 0, comma-separated (e.g. 0.5,0.8,0.95)") from None
+        raise ValueError(
+            f"--load {text!r}: give numbers in [{MIN_LOAD:g}, {MAX_LOAD:g}], comma-separated (e.g. 0.5,0.8,0.95)"
+        ) from None
+    why = "a fraction of the pipeline's prefill capacity; at 0.01 requests already run alone, 100 is a burst"
     for load in loads:
-        check_number(load, "--load", 0.0, low_open=True)
+        check_number(load, "--load", MIN_LOAD, MAX_LOAD, why=why)
     return loads
 
 
@@ -130,8 +172,8 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
 def validate_workload_args(args: argparse.Namespace) -> None:
     parse_loads(args.load)
     check_number(args.prefix_hit_share, "--prefix-hit-share", 0.0, 1.0)
-    if args.requests < 1:
-        raise ValueError(f"--requests must be >= 1, got {args.requests}")
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        raise ValueError(f"--requests must be in [1, {MAX_REQUESTS}], got {args.requests} ({REQUESTS_WHY})")
     for value, option in ((args.slo_ttft_ms, "--slo-ttft-ms"), (args.slo_tpot_ms, "--slo-tpot-ms")):
         if value is not None:
             check_number(value, option, 0.0, low_open=True)
@@ -184,7 +226,7 @@ def build_workloads(args: argparse.Namespace, surface_spec: str, num_stages: int
                 named = zip(made, loads, strict=True)
                 made = [dataclasses.replace(w, name=f"{w.name}-load{load:g}") for w, load in named]
         elif item.startswith("trace:"):
-            trace = parse_trace_item(item.split(":", 1)[1], args.requests)
+            trace = parse_trace_item(item.split(":", 1)[1], args.requests, MAX_REQUESTS)
             surface = load_surface(surface_spec)
             made = [
                 trace_workload(
@@ -209,6 +251,17 @@ def build_workloads(args: argparse.Namespace, surface_spec: str, num_stages: int
                 raise ValueError(
                     f"{source}: a request of {workload.max_request_tokens} tokens (prompt + output) is longer than"
                     f" the twin's model takes ({LONGEST_REQUEST_TOKENS})"
+                )
+            if workload.total_tokens > MAX_WORKLOAD_TOKENS:
+                source, fewer = (
+                    ("--requests/--prompt-range", "fewer --requests or a shorter --prompt-range")
+                    if item == "mixed"
+                    else (f"--workload {item}", "a shorter slice (COUNT)")
+                )
+                raise ValueError(
+                    f"{source}: {len(workload.requests)} requests of {workload.total_tokens} tokens in all (prompt +"
+                    f" output); a run holds at most {MAX_WORKLOAD_TOKENS} (each worker keeps every prompt's token"
+                    f" ids): give {fewer}"
                 )
         out += made
     return out

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .engine import TINY_MODEL_MAX_POSITIONS
 from .stress import STRESS_SURFACES, stress_surface
 from .surface import SYNTHETIC, GridSurface, QuadraticSurface, Surface
 
@@ -121,6 +122,10 @@ def profile_stages(data: dict[str, Any]) -> int:
 
 
 MIN_BATCH_MS = 1e-3  # no forward pass is quicker than a microsecond; below it the ms arithmetic loses meaning
+LONGEST_BATCH_TOKENS = TINY_MODEL_MAX_POSITIONS  # the twin's largest batch: this many new tokens after as many
+MAX_BATCH_MS = 1e10  # that batch's time at most (116 days): the slowest surface held (the tiny model on a CPU core,
+# extrapolated that far) takes 2e9 ms, a real accelerator far less; beyond it a run's ms clock (a double, ~16
+# digits) cannot keep the microsecond of its shortest batch, and coefficients such as 1e300 overflow to inf
 
 
 def load_surface(spec: str) -> Surface:
@@ -135,6 +140,14 @@ def load_surface(spec: str) -> Surface:
         raise ValueError(
             f"--surface {spec}: a 1-token chunk takes {first_ms:g} ms on it; every batch must take at least"
             f" {MIN_BATCH_MS:g} ms (a microsecond)"
+        )
+    longest = LONGEST_BATCH_TOKENS
+    longest_ms = max(surface.time_ms(longest, 0), surface.time_ms(1, longest), surface.time_ms(longest, longest))
+    if not (math.isfinite(longest_ms) and longest_ms <= MAX_BATCH_MS):
+        raise ValueError(
+            f"--surface {spec}: the twin's largest batch ({longest} tokens after {longest} of history) takes"
+            f" {longest_ms:g} ms on it; a batch must take at most {MAX_BATCH_MS:g} ms (check its coefficients:"
+            " ms per batch, per token, per history token, per token squared and per token x history token)"
         )
     return surface
 

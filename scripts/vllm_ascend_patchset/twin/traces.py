@@ -64,8 +64,8 @@ class TraceSlice:
         return f"{self.path.stem}-s{self.start}-n{self.count}"
 
 
-def parse_trace_item(text: str, default_count: int) -> TraceSlice:
-    """``PATH``, ``PATH@START`` or ``PATH@START:COUNT`` (the part after ``trace:``)."""
+def parse_trace_item(text: str, default_count: int, max_count: int | None = None) -> TraceSlice:
+    """``PATH``, ``PATH@START`` or ``PATH@START:COUNT`` (the part after ``trace:``); COUNT at most ``max_count``."""
     path_text, at, tail = text.rpartition("@")
     match = _SLICE.match(tail) if at else None
     if not at or match is None:
@@ -81,6 +81,11 @@ def parse_trace_item(text: str, default_count: int) -> TraceSlice:
         raise ValueError("--workload trace:: give the trace file, e.g. trace:tests/data/traces/mooncake.jsonl@0:32")
     if count < 1:
         raise ValueError(f"--workload trace:{text}: COUNT must be >= 1")
+    if max_count is not None and count > max_count:
+        raise ValueError(
+            f"--workload trace:{text}: COUNT {count} is more than a run replays ({max_count} requests at most);"
+            " take a shorter slice"
+        )
     return TraceSlice(Path(path_text), start, count)
 
 

@@ -8,7 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, start_up_samples
+from vllm_ascend.config_table import settings
+from vllm_ascend.core import cpp_acceptance
 from vllm_ascend.core.cpp_acceptance import (
+    MAX_ROUNDS,
     best_fixed_chunk,
     detect_granule,
     judge,
@@ -17,7 +20,8 @@ from vllm_ascend.core.cpp_acceptance import (
     schedule_ttft_ms,
 )
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
-from vllm_ascend.core.cpp_profiling import LOCATE_RUNS, LOCATE_TOKENS, locate_runs
+from vllm_ascend.core.cpp_config import CppConfig
+from vllm_ascend.core.cpp_profiling import EXTRA_ROUNDS, LOCATE_RUNS, LOCATE_TOKENS, locate_runs
 from vllm_ascend.core.cpp_samples import group_points
 
 MAX_HISTORY = 65_536
@@ -99,6 +103,17 @@ def test_a_round_that_contradicts_the_others_where_the_decisions_are_asks_for_an
     # Where no decision is made, a contradiction costs nothing and asks for nothing.
     harmless = [(c, h, t * (1.5 if c == 1 and h > 0 else 1.0)) for c, h, t in clean]
     assert verdict_on(clean + harmless, last_round=False).model is not None
+
+
+def test_no_more_rounds_are_planned_than_a_fresh_profile_makes(monkeypatch):
+    """A cached file of 3,333 passes over a small grid once planned 3,333 schedules (a minute of start-up)."""
+    assert MAX_ROUNDS >= (1 + EXTRA_ROUNDS) * settings(CppConfig)["profile_repeats"][1].high
+    one_pass = start_up_samples(TRUE, noise=0.01, repeats=1, points=8, history_points=1)
+    planned = []
+    monkeypatch.setattr(cpp_acceptance, "schedule_ttft_ms", lambda *a: planned.append(a) or schedule_ttft_ms(*a))
+    verdict = verdict_on(one_pass * (MAX_ROUNDS + 40), last_round=False)
+    assert verdict.model is not None, verdict.reason
+    assert len(planned) == 1 + MAX_ROUNDS  # the full model's own schedule, then one per round judged
 
 
 @pytest.mark.parametrize("tile, noise", [(64, 0.002), (128, 0.01), (256, 0.01), (512, 0.01)])

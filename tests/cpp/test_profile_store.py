@@ -33,6 +33,8 @@ MAX_HISTORY = 65_536
 STAGES = 4
 # A small valid profile (the ladder's powers of two, 2 histories, one pass) keeps these tests fast.
 PROFILE_SETTINGS = {"profile_points": 10, "profile_repeats": 1, "profile_history_points": 2}
+# The most runs of one point a fresh profile makes: a probe point's, in both rounds, and every run placing steps.
+MOST_OF_ONE_POINT = cpp_profiling.PROBE_REPEATS * 2 + cpp_profiling.LOCATE_RUNS
 
 
 def limits(base_chunk_tokens=BASE_CHUNK_TOKENS):
@@ -275,6 +277,12 @@ BAD_FILES = {
         as_text(lambda data: data.update(samples=[s for s in data["samples"] if s[0] in (1, 8192)])),
         "chunk sizes",
     ),
+    # more than a fresh profile of these settings makes (the judgement's cost grows with it)
+    "three-rounds": (as_text(lambda data: data.update(samples=data["samples"] * 3)), "samples, more than the"),
+    "one-point-repeated": (
+        as_text(lambda data: data["samples"].extend([data["samples"][0]] * MOST_OF_ONE_POINT)),
+        f"{1 + MOST_OF_ONE_POINT} runs of 1 tokens after 0 of history, more than the {MOST_OF_ONE_POINT}",
+    ),
     # a file that is not our profile
     "truncated": (lambda raw: raw[: len(raw) // 2], "JSONDecodeError"),
     "not-an-object": (lambda raw: b"[1, 2, 3]", "JSON object"),
@@ -310,6 +318,33 @@ def test_a_bad_cache_file_is_ignored_with_one_warning_and_profiled_again(cached,
     assert result.verdict.model == judged(result.samples).model
     # The new profile replaced the bad file: the next start reuses it.
     assert load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS) == result.samples
+
+
+def test_a_small_file_repeating_one_sample_is_refused_by_name_without_reading_every_pair(tmp_path, warnings_logged):
+    """A 3x2 grid and 19,994 copies of one sample (360 kB, within the file limits) once took 40 s and 10 GB to
+    adopt, or failed start-up with a MemoryError at every restart; it is refused and profiled again."""
+    grid = [(c, h, TRUE.time_ms(c, h)) for h in (0, MAX_HISTORY) for c in (1, 4096, BASE_CHUNK_TOKENS)]
+    path = profile_file(tmp_path)
+    copies = MAX_PROFILE_SAMPLES - len(grid)
+    save_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS, samples=grid + grid[:1] * copies)
+    device = Device()
+    result = start(tmp_path, device)
+    assert len(warnings_logged) == 1 and str(path) in warnings_logged[0], warnings_logged
+    assert (
+        f"{MAX_PROFILE_SAMPLES} samples, more than the {2 * plan_runs() + cpp_profiling.LOCATE_RUNS}"
+        in (warnings_logged[0])
+    )
+    assert device.runs > 0 and result.verdict.model is not None and "saved to" in result.source
+    assert load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS) == result.samples
+
+
+def test_the_largest_profile_a_fresh_start_makes_is_reused(tmp_path, warnings_logged):
+    """Two rounds (a noisy host) and the runs placing a step: the most a fresh profile makes is within the bound."""
+    first = start(tmp_path, Liar())
+    assert first.verdict.model is not None and len(first.samples) > 2 * plan_runs() - 1
+    device = Device()
+    again = start(tmp_path, device)
+    assert device.runs == 0 and again.source.startswith("cache") and not warnings_logged
 
 
 def deny(monkeypatch, method, path):

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 
 import numpy as np
 import pytest
 from vllm_ascend.core.cpp_samples import (
     MAX_LATENCY_MS,
     MIN_LATENCY_MS,
+    Point,
     SampleError,
     check_sample,
     check_samples,
@@ -86,3 +89,53 @@ def test_the_scatter_estimates_the_noise_of_one_sample(sigma, repeats):
 
 def test_no_repeats_no_scatter():
     assert group_points([(256, 0, 1.0), (512, 0, 2.0)])[1] == 0.0
+
+
+def listed_scatter(samples):
+    """The scatter as its definition reads: every pair of repeats of a point listed, then their median."""
+    by_point = {}
+    for chunk, history, latency in samples:
+        by_point.setdefault((chunk, history), []).append(latency)
+    differences = []
+    for values in by_point.values():
+        median = statistics.median(values)
+        differences += [abs(a - b) / median for i, a in enumerate(values) for b in values[i + 1 :]]
+    return statistics.median(differences) / (0.6745 * math.sqrt(2.0)) if differences else 0.0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_scatter_is_exactly_the_median_of_every_pair_however_many_repeats(seed):
+    """Few repeats (pairs listed) and many (the median selected by counting) give the same float."""
+    rng = random.Random(seed)
+    samples = []
+    for chunk in range(1, rng.randint(2, 6)):
+        base_ms = rng.uniform(1.0, 500.0)
+        for _ in range(rng.choice([1, 2, 3, 40, 150])):
+            # ties (a rounded time repeats exactly) and Gaussian noise
+            samples.append((chunk, 0, round(base_ms, 1) if rng.random() < 0.3 else base_ms * (1 + rng.gauss(0, 0.05))))
+    rng.shuffle(samples)
+    assert group_points(samples)[1] == listed_scatter(samples)
+
+
+class Counted(float):
+    """A latency that counts the subtractions made with it: what listing every pair costs."""
+
+    subtractions = 0
+
+    def __sub__(self, other):
+        Counted.subtractions += 1
+        return float(self) - float(other)
+
+
+def test_many_repeats_of_one_point_cost_linear_work_not_every_pair():
+    """A cached file once held 20,000 repeats of one point: listing their 2e8 pairs took minutes and gigabytes."""
+    repeats = 2000
+    Counted.subtractions = 0
+    samples = [(256, 0, Counted(10.0 + (i % 2))) for i in range(repeats)]
+    _, scatter = group_points(samples)
+    assert Counted.subtractions <= 200 * repeats  # 64 counting passes at most; every pair is 2e6
+    # Half the pairs differ by 1 ms (around a median of 10.5 ms), half by nothing: the median is a difference.
+    assert scatter == (1 / 10.5) / (0.6745 * math.sqrt(2.0))
+    # So 20,000 repeats (2e8 pairs) are read in a few passes; the result is the same rule's.
+    many = [(256, 0, 10.0 + (i % 2)) for i in range(10 * repeats)]
+    assert group_points(many) == ([Point(256, 0, 10.5, 10 * repeats)], scatter)

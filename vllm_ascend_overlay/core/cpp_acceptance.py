@@ -17,6 +17,8 @@ well one functional form fits it:
    than the full model's own by more than ``UNSTABLE_LOSS``, the profile is too noisy to
    decide well, and one more round is measured. Noise alone never refuses a profile:
    after the last round the model of every round's median is the best estimate there is.
+   At most ``MAX_ROUNDS`` rounds are planned (the first ones): no fresh profile has more,
+   and a cached file holding more is refused before it is judged (core/cpp_profiling.py).
 3. **Tiles**: a device that works on tiles of rows (64 to 512 tokens) costs as much for
    one token past a tile boundary as for a whole tile more. The profile's tile probe
    measures pairs of sizes S and S + 1 at each candidate tile's first boundary (S = the
@@ -73,6 +75,7 @@ STEP_EXCESS = 0.30  # a segment of the ladder is a step when it grows 30% beyond
 STEP_FLATNESS = 0.25  # ... and they grow at most a quarter as fast as it (flat on either side of the jump)
 LOCATE_TOKENS = 64  # a step's jump is placed to within this many tokens (the optimum's grid)
 PAIR_SHARE = 0.5  # two sizes that close hold a jump when at least half the segment's growth lies between them
+MAX_ROUNDS = 32  # rounds planned at most: 2 rounds of the largest profile_repeats (16) make no more
 
 
 @dataclass(frozen=True)
@@ -326,14 +329,15 @@ def best_fixed_chunk(rule: ChunkRule, prompt_tokens: int) -> int:
 
 
 def _rounds(samples: Sequence[tuple[int, int, float]]) -> list[list[tuple[int, int, float]]]:
-    """The k-th run of every point, for each k that every point has (the profile runs in passes)."""
+    """The k-th run of every point, for each k that every point has (the profile runs in passes), up to
+    ``MAX_ROUNDS`` of them."""
     seen: dict[tuple[int, int], int] = {}
     rounds: dict[int, list] = {}
     for chunk, history, latency in samples:
         k = seen.get((chunk, history), 0)
         seen[(chunk, history)] = k + 1
         rounds.setdefault(k, []).append((chunk, history, latency))
-    complete = min(seen.values(), default=0)
+    complete = min(min(seen.values(), default=0), MAX_ROUNDS)
     return [rounds[k] for k in range(complete)]
 
 

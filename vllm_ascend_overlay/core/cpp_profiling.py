@@ -6,7 +6,8 @@ or, when the data cannot give one, the fixed chunk to run instead:
 1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured as a
    fresh one is (``check_coverage``: chunks from 1 token to the base chunk, histories from
    none to at least ``CACHED_HISTORY_COVERAGE`` of what this engine will use; the model
-   continues beyond what was measured), is adopted when its samples pass
+   continues beyond what was measured) and holding no more than a fresh one makes
+   (``check_size``: samples, and runs of any one point), is adopted when its samples pass
    the same judgement as a fresh profile (core/cpp_acceptance.py): no profiling run.
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
    then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each
@@ -48,6 +49,7 @@ from __future__ import annotations
 import inspect
 import math
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -246,6 +248,23 @@ def check_coverage(samples: list, base_chunk_tokens: int, max_history_tokens: in
         raise ProfileCacheError(f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}")
 
 
+def check_size(samples: list, plan: Sequence[tuple[int, int]]) -> None:
+    """ProfileCacheError unless a cached profile holds no more than a fresh one of ``plan`` makes: every
+    round (the plan and ``EXTRA_ROUNDS`` more) and every run placing steps, in all and of any one point."""
+    rounds = 1 + EXTRA_ROUNDS
+    most = len(plan) * rounds + LOCATE_RUNS
+    if len(samples) > most:
+        raise ProfileCacheError(f"{len(samples)} samples, more than the {most} a fresh profile of these settings makes")
+    runs = Counter((chunk, history) for chunk, history, _ in samples)
+    (chunk, history), repeats = max(runs.items(), key=lambda item: item[1])
+    most_of_one = max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
+    if repeats > most_of_one:
+        raise ProfileCacheError(
+            f"{repeats} runs of {chunk} tokens after {history} of history, more than the {most_of_one} "
+            "a fresh profile of these settings makes of one point"
+        )
+
+
 def initialise_profile(
     config: Any,
     limits: ChunkLimits,
@@ -260,11 +279,19 @@ def initialise_profile(
     ``config`` is the CppConfig; ``limits`` and ``num_stages`` are what the profile is judged for.
     """
     base_chunk_tokens = limits.cap_tokens
+    plan = profile_plan(
+        base_chunk_tokens=base_chunk_tokens,
+        points=config.profile_points,
+        repeats=config.profile_repeats,
+        history_points=config.profile_history_points,
+        max_history_tokens=max_history_tokens,
+    )
     path = cache_file(config.cache_path, fingerprint) if config.cache_path else None
     if path is not None:
         try:
             cached = load_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens)
             if cached is not None:
+                check_size(cached, plan)
                 check_coverage(cached, base_chunk_tokens, max_history_tokens)
                 verdict = judge(cached, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
                 if verdict.model is None:
@@ -274,13 +301,6 @@ def initialise_profile(
             logger.warning("[CPP] ignoring cached profile %s (%s); profiling again", path, error)
     if measure is None:
         return _no_model("no model executor to profile with")
-    plan = profile_plan(
-        base_chunk_tokens=base_chunk_tokens,
-        points=config.profile_points,
-        repeats=config.profile_repeats,
-        history_points=config.profile_history_points,
-        max_history_tokens=max_history_tokens,
-    )
     samples: list = []
     for attempt in range(1 + EXTRA_ROUNDS):
         try:

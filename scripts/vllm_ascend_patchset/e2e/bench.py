@@ -15,19 +15,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from ..paths import ROOT
+from ..twin.engine import MAX_NUM_SEQS as TWIN_MAX_NUM_SEQS
 from . import servers as e2e
 from .model import TINY_QWEN3, write_tiny_qwen3
 
 FIDELITY_TOLERANCE = 0.10
+POLICY_KINDS = ("fixed", "upstream", "ours")
+MIXED_RANGE_RATIO = 0.5  # vllm bench serve's --random-range-ratio: lengths up to 1.5x the given ones
+
+
+class ArgumentError(ValueError):
+    """Bad input on the bench's command line: ``run.main`` prints it and exits 2, before any server starts."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -46,11 +55,86 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, default=e2e.E2E_CACHE / "bench", help="logs, profile and results")
 
 
-def policies_for(args: argparse.Namespace) -> list[e2e.Policy]:
+def parse_whole_numbers(text: str, flag: str, low: int, high: int, what: str, example: str) -> list[int]:
+    """``512,1024`` -> [512, 1024]: whole numbers in [low, high], at least one; an error names ``flag``."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(low <= v <= high for v in values):
+        raise ArgumentError(
+            f"{flag} {text!r}: give {what}, whole numbers in [{low}, {high}], comma-separated (e.g. {example})"
+        )
+    return values
+
+
+def _within(value: int, flag: str, low: int, high: int | None, what: str) -> None:
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ArgumentError(f"{flag} must be {bounds} ({what}), got {value}")
+
+
+def _writable_folder(given: Path, inside: str, flag: str) -> None:
+    """``given/inside`` can be made (with its parents) and written in; nothing is made or left behind."""
+    path = given / inside
+    nearest = next(p for p in (path, *path.parents) if p.exists())
+    if not nearest.is_dir():
+        raise ArgumentError(f"{flag} {given}: {nearest} is a file, not a folder; give a folder for the run's files")
+    try:
+        tempfile.TemporaryFile(dir=nearest).close()
+    except OSError as error:
+        raise ArgumentError(
+            f"{flag} {given}: cannot write in {nearest} ({error.strerror}); give a writable folder"
+        ) from None
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every bench flag, checked before any server starts (a server takes a minute or more to start and
+    profile, and a run clears the profile ours saved before); an error names the flag and what to give."""
+    most = e2e.MAX_MODEL_LEN
+    _within(args.output_tokens, "--output-tokens", 1, most - 1, "tokens generated per request")
+    lengths = f"prompt lengths in tokens (with --output-tokens, within the servers' max_model_len {most})"
+    parse_whole_numbers(args.prompts, "--prompts", 1, most - args.output_tokens, lengths, "16384,32768")
+    _within(args.repeats, "--repeats", 1, None, "prompts per length and policy")
+    chunks = f"chunk budgets: max_num_batched_tokens is at least max_num_seqs ({TWIN_MAX_NUM_SEQS} in the twin)"
+    parse_whole_numbers(args.fixed, "--fixed", TWIN_MAX_NUM_SEQS, most, chunks, "512,1024,2048,4096")
+    _within(args.chunk, "--chunk", TWIN_MAX_NUM_SEQS, most, chunks)
+    wanted_policies(args)
+    _within(args.mixed_prompts, "--mixed-prompts", 1, None, "requests of 'vllm bench serve'")
+    _within(args.mixed_input_len, "--mixed-input-len", 1, None, "prompt tokens of 'vllm bench serve'")
+    _within(args.mixed_output_len, "--mixed-output-len", 1, None, "output tokens of 'vllm bench serve'")
+    longest_mixed = math.floor((args.mixed_input_len + args.mixed_output_len) * (1 + MIXED_RANGE_RATIO))
+    if longest_mixed > e2e.MAX_MODEL_LEN:
+        raise ArgumentError(
+            f"--mixed-input-len/--mixed-output-len: 'vllm bench serve' draws lengths up to {1 + MIXED_RANGE_RATIO:g}x"
+            f" these, {longest_mixed} tokens, more than the servers' {e2e.MAX_MODEL_LEN}; give shorter ones"
+        )
+    if not args.mixed_rate > 0:  # inf is vllm bench serve's "all at once"; nan is refused too
+        raise ArgumentError(
+            f"--mixed-rate must be > 0 (requests per second; inf sends all at once), got {args.mixed_rate}"
+        )
+    twin = Path(args.twin_python)
+    if not (twin.is_file() and os.access(twin, os.X_OK)):
+        raise ArgumentError(
+            f"--twin-python {twin}: not an executable file; give the test environment's Python (.venv/bin/python,"
+            " made by 'make venv')"
+        )
+    trace_mode = getattr(args, "trace", None)
+    _writable_folder(args.out, "trace/profiles" if trace_mode else "profiles", "--out")
+
+
+def wanted_policies(args: argparse.Namespace) -> set[str]:
+    """The kinds ``--policies`` names, checked."""
     wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
-    unknown = wanted - {"fixed", "upstream", "ours"}
-    if unknown:
-        raise SystemExit(f"--policies: unknown {sorted(unknown)}; choose from fixed,upstream,ours")
+    unknown = wanted - set(POLICY_KINDS)
+    if unknown or not wanted:
+        what = f"unknown {sorted(unknown)}" if unknown else "none given"
+        raise ArgumentError(f"--policies {args.policies!r}: {what}; choose from {','.join(POLICY_KINDS)}")
+    return wanted
+
+
+def policies_for(args: argparse.Namespace) -> list[e2e.Policy]:
+    wanted = wanted_policies(args)
     out = [e2e.fixed(int(c)) for c in args.fixed.split(",") if c.strip()] if "fixed" in wanted else []
     if "upstream" in wanted:
         out.append(e2e.upstream(args.chunk))
@@ -64,7 +148,7 @@ def mixed_traffic(args: argparse.Namespace, server: e2e.Server, model_dir: Path,
     bench = [str(Path(sys.executable).with_name("vllm")), "bench", "serve", "--backend", "vllm"]
     bench += ["--model", "tiny-qwen3", "--tokenizer", str(model_dir), "--host", "127.0.0.1"]
     bench += ["--port", str(server.port), "--dataset-name", "random", "--random-input-len", str(args.mixed_input_len)]
-    bench += ["--random-output-len", str(args.mixed_output_len), "--random-range-ratio", "0.5"]
+    bench += ["--random-output-len", str(args.mixed_output_len), "--random-range-ratio", str(MIXED_RANGE_RATIO)]
     bench += ["--num-prompts", str(args.mixed_prompts), "--request-rate", str(args.mixed_rate), "--seed", "0"]
     bench += ["--ignore-eos", "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50"]
     bench += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
@@ -164,9 +248,7 @@ def report(records: list[dict[str, Any]], prompts: list[int], twin: dict[str, di
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    prompts = [int(v) for v in args.prompts.split(",") if v.strip()]
-    if max(prompts) + args.output_tokens > e2e.MAX_MODEL_LEN:
-        raise SystemExit(f"--prompts: at most {e2e.MAX_MODEL_LEN - args.output_tokens} tokens")
+    prompts = [int(v) for v in args.prompts.split(",") if v.strip()]  # checked by check_args
     args.out.mkdir(parents=True, exist_ok=True)
     for old in (args.out / "profiles").glob("cpp-profile-*.json"):
         old.unlink()  # ours profiles afresh, and the twin reads what this run's engine saved

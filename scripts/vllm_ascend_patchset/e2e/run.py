@@ -50,10 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         return ds_smoke.smoke([c.strip() for c in args.cases.split(",") if c.strip()])
     if args.command == "ds-bench":
         return ds_bench.run(args)
-    if args.trace:
-        return trace_replay.run(args)
-    trace_args.check_trace_args(args)  # trace-mode flags without --trace are refused, not ignored
-    return bench.run(args)
+    try:  # before any server starts; trace-mode flags without --trace are refused, not ignored
+        bench.check_args(args)
+        trace_args.check_trace_args(args)
+    except bench.ArgumentError as error:
+        print(f"bench: error: {error}", file=sys.stderr)
+        return 2
+    return trace_replay.run(args) if args.trace else bench.run(args)
 
 
 if __name__ == "__main__":

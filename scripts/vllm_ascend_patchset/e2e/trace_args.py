@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import math
 
+from ..twin.options import MAX_LOAD, MAX_REQUESTS, MIN_LOAD
 from ..twin.traces import parse_trace_item, read_trace
+from .bench import ArgumentError
 
 DEFAULT_COUNT = 20  # requests of a slice given without COUNT
 TRACE_DEFAULTS = {"load": 0.8, "output_cap": 64, "fixed_pick": 1}  # the trace mode's own flags, when not given
@@ -51,29 +53,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_trace_args(args: argparse.Namespace) -> None:
     """Refuse bad trace-mode input before any server starts (a server takes minutes, and the run clears the
-    saved profile), and the trace mode's flags without ``--trace``; fill in their defaults."""
+    saved profile), and the trace mode's flags without ``--trace``; fill in their defaults. An error is an
+    ``ArgumentError`` naming the flag (``run.main`` exits 2)."""
     if not args.trace:
         given = [flag for key, flag in TRACE_FLAGS.items() if getattr(args, key, None) is not None]
         given += [flag for key, flag in TRACE_SWITCHES.items() if getattr(args, key, False)]
         if given:
-            raise SystemExit(f"{', '.join(given)}: trace-mode flags; add --trace PATH@START:COUNT (or leave them out)")
+            raise ArgumentError(
+                f"{', '.join(given)}: trace-mode flags; add --trace PATH@START:COUNT (or leave them out)"
+            )
         return
     for key, value in TRACE_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
-    if not (math.isfinite(args.load) and args.load > 0):
-        raise SystemExit(f"--load must be a number > 0 (a share of the pipeline's prefill capacity), got {args.load}")
+    if not (math.isfinite(args.load) and MIN_LOAD <= args.load <= MAX_LOAD):
+        raise ArgumentError(
+            f"--load must be a number in [{MIN_LOAD:g}, {MAX_LOAD:g}] (a share of the pipeline's prefill capacity,"
+            f" as the twin's --load), got {args.load}"
+        )
     if args.output_cap < 1:
-        raise SystemExit(f"--output-cap must be >= 1 (output tokens a request may generate), got {args.output_cap}")
+        raise ArgumentError(f"--output-cap must be >= 1 (output tokens a request may generate), got {args.output_cap}")
     if args.fixed_pick < 0:
-        raise SystemExit(f"--fixed-pick must be >= 0 (0 serves every chunk of --fixed), got {args.fixed_pick}")
+        raise ArgumentError(f"--fixed-pick must be >= 0 (0 serves every chunk of --fixed), got {args.fixed_pick}")
+    if not args.report_only and "ours" not in {w.strip() for w in args.policies.split(",")}:
+        raise ArgumentError("--policies: the trace mode needs ours: its profile sets the arrivals and the twin")
     try:
-        item = parse_trace_item(args.trace, DEFAULT_COUNT)
+        item = parse_trace_item(args.trace, DEFAULT_COUNT, MAX_REQUESTS)
         found = len(read_trace(item.path, item.start + item.count))
     except ValueError as error:
-        raise SystemExit(str(error).replace("--workload trace:", "--trace ").replace("e.g. trace:", "e.g. ")) from None
+        raise ArgumentError(
+            str(error).replace("--workload trace:", "--trace ").replace("e.g. trace:", "e.g. ")
+        ) from None
     if found < item.start + item.count:
-        raise SystemExit(
+        raise ArgumentError(
             f"--trace {args.trace}: the trace has {found} request(s), the slice needs {item.start + item.count};"
             " give a smaller START or COUNT"
         )

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import itertools
+import logging
+import math
+
 import helpers
+import numpy as np
 import pytest
 from vllm_ascend import deployment
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
+from vllm_ascend.core.cpp_config import CppConfig
 
 
 def test_plan_is_the_ladder_at_every_history_with_the_tile_probe_in_passes():
@@ -48,17 +55,72 @@ def test_plan_without_room_for_history_has_only_fresh_runs():
     assert [c for c, _ in plan][:9] == [1, 32, 64, 96, 128, 192, 256, 384, 512]
 
 
+class Executor:
+    """Every worker answers ``answer(chunk_tokens, history_tokens)`` (a list, one value per worker)."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None, unique_reply_rank=None):
+        self.calls.append((method, args, timeout, unique_reply_rank))
+        return self.answer(*args)
+
+
 def test_measure_asks_every_worker_and_keeps_the_slowest():
-    calls = []
+    executor = Executor(lambda c, h: [3.0, 5.5, np.float32(4.0), 5])
+    measure = cpp_profiling.measure_with_executor(executor, timeout_s=12.0)
+    assert measure(256, 1024) == 5.5 and type(measure(256, 1024)) is float
+    assert executor.calls[0] == ("profile_prefill_latency", (256, 1024), 12.0, None)
+    assert cpp_profiling.measure_with_executor(Executor(lambda c, h: 7))(1, 0) == 7.0  # one number, not a list
 
-    class Executor:
-        def collective_rpc(self, method, timeout=None, args=(), kwargs=None, unique_reply_rank=None):
-            calls.append((method, args, timeout, unique_reply_rank))
-            return [3.0, 5.5, 4.0, None]
 
-    measure = cpp_profiling.measure_with_executor(Executor(), timeout_s=12.0)
-    assert measure(256, 1024) == 5.5
-    assert calls == [("profile_prefill_latency", (256, 1024), 12.0, None)]
+NOT_MEASUREMENTS = {
+    "bool": [True],
+    "strings": ["12.5", "13"],
+    "nan-last": [21.9, math.nan],
+    "nan-first": [math.nan, 21.9],
+    "none": [3.0, 5.5, None],
+    "zero": [0, 21.9],
+    "infinite": [21.9, math.inf],
+    "bool-beside-a-time": [21.9, True],
+}
+
+
+@pytest.mark.parametrize("answer", NOT_MEASUREMENTS.values(), ids=NOT_MEASUREMENTS.keys())
+def test_a_run_where_any_worker_answers_no_measurement_is_dropped_whichever_worker(answer):
+    """Each answer is checked as it came, before any conversion; the verdict does not depend on worker order."""
+    for order in itertools.permutations(answer):
+        measure = cpp_profiling.measure_with_executor(Executor(lambda c, h, order=order: list(order)))
+        assert math.isnan(measure(256, 0)), order
+
+
+def start_with(tmp_path, answer):
+    config = CppConfig(cache_dir=str(tmp_path), profile_points=8, profile_repeats=1, profile_history_points=1)
+    limits = ChunkLimits(base_chunk_tokens=1024, max_model_len=8192)
+    measure = cpp_profiling.measure_with_executor(Executor(answer))
+    kwargs = dict(fingerprint={"model": "m"}, measure=measure, max_history_tokens=4096)
+    return cpp_profiling.initialise_profile(config, limits, 2, **kwargs)
+
+
+def device_ms(chunk_tokens, history_tokens):
+    return 5.0 + 0.02 * chunk_tokens + 3e-7 * chunk_tokens * (history_tokens + chunk_tokens / 2)
+
+
+@pytest.mark.parametrize("answer", NOT_MEASUREMENTS.values(), ids=NOT_MEASUREMENTS.keys())
+def test_workers_that_answer_no_measurement_give_no_model_and_no_cached_profile(tmp_path, answer):
+    result = start_with(tmp_path, lambda c, h: list(answer))
+    assert result.verdict.model is None and "not measurements, dropped" in result.verdict.reason
+    assert list(tmp_path.iterdir()) == []  # nothing cached: the next start profiles again
+
+
+def test_a_dropped_run_is_left_out_of_the_saved_profile_so_the_next_start_reuses_it(tmp_path, caplog):
+    """One point's first worker answers NaN: the rest is a profile, saved as readable JSON and reused."""
+    answer = lambda c, h: [math.nan if (c, h) == (32, 0) else device_ms(c, h), device_ms(c, h)]  # noqa: E731
+    first = start_with(tmp_path, answer)
+    assert first.verdict.model is not None and "1 sample(s) not measurements, dropped" in first.verdict.reason
+    again = start_with(tmp_path, answer)
+    assert again.source.startswith("cache") and again.verdict.model == first.verdict.model
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_engine_core_hook_starts_cpp_once_the_executor_is_up():

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_latency_model import LatencyModel
-from vllm_ascend.core.cpp_samples import FitError, Point, SampleError, check_sample, group_points
+from vllm_ascend.core.cpp_samples import FitError, Point, admitted, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 __all__ = [
@@ -92,16 +92,6 @@ class Verdict:
     noisy: bool
     reason: str
     granule_tokens: int = 1
-
-
-def _valid(samples: Iterable[object]) -> tuple[list[tuple[int, int, float]], int]:
-    valid, dropped = [], 0
-    for sample in samples:
-        try:
-            valid.append(check_sample(sample))
-        except SampleError:
-            dropped += 1
-    return valid, dropped
 
 
 def _falls(points: Sequence[Point], tolerance: float) -> tuple[list[str], set[int], set[int]]:
@@ -348,7 +338,7 @@ def judge(
 
     ``last_round``: no more measuring will follow, so noise is settled by the fallback.
     """
-    valid, dropped = _valid(samples)
+    valid, dropped = admitted(samples)
     note = f"; {dropped} sample(s) not measurements, dropped" if dropped else ""
     all_points, scatter = group_points(valid)
     points = grid_part(all_points)

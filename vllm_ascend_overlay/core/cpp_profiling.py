@@ -16,7 +16,8 @@ or, when the data cannot give one, the fixed chunk to run instead:
    If the judgement says the profile is too noisy to decide well (or its times fall
    beyond the scatter), one more round is measured and the judgement repeated on all
    of them: a noisy host pays a longer start-up, a quiet one nothing.
-3. Each sample is the slowest worker's time. Under pipeline parallelism every stage
+3. Each sample is the slowest worker's time (a run where any worker's answer is not a
+   measurement is dropped: ``measure_with_executor``). Under pipeline parallelism every stage
    runs its own layers on dummy inputs and times only its own compute; the slowest
    stage sets the pipeline's pace, so that is what a chunk costs the pipeline. Timed
    steps report the same quantity (worker/cpp_timing.py).
@@ -58,6 +59,7 @@ from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verd
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
+from vllm_ascend.core.cpp_samples import SampleError, admitted, check_latency
 from vllm_ascend.log_adapter import get_logger
 
 logger = get_logger(__name__)
@@ -142,7 +144,14 @@ def profile_plan(
 
 
 def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TIMEOUT_S) -> MeasureFn:
-    """A ``measure(chunk_tokens, history_tokens) -> ms`` that asks every worker and keeps the slowest."""
+    """A ``measure(chunk_tokens, history_tokens) -> ms`` that asks every worker and keeps the slowest.
+
+    Every worker's answer is checked as it came (core/cpp_samples.py ``check_latency``: an int
+    or a float, never a bool, a string or None, within a microsecond to hours) before anything
+    converts it. A run where any worker's answer is not a measurement is not one either,
+    whichever worker it is: it gives NaN, which the judgement drops and counts (the first
+    such answer is logged once). Otherwise the run's time is the slowest worker's.
+    """
     kwargs: dict = {}
     try:
         if "timeout" in inspect.signature(model_executor.collective_rpc).parameters:
@@ -150,13 +159,20 @@ def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TI
     except (TypeError, ValueError):
         pass
 
+    logged: list = []
+
     def measure(chunk_tokens: int, history_tokens: int) -> float:
         result = model_executor.collective_rpc(PROFILE_RPC, args=(int(chunk_tokens), int(history_tokens)), **kwargs)
         values = result if isinstance(result, list | tuple) else [result]
-        latencies = [float(v) for v in values if v is not None]
-        if not latencies:
+        if not values:
             raise RuntimeError(f"{PROFILE_RPC} returned no latency ({result!r})")
-        return max(latencies)
+        try:
+            return max(check_latency(value) for value in values)
+        except SampleError as error:
+            if not logged:
+                logged.append(error)
+                logger.info("[CPP] a profiling run whose workers answered %.80r is dropped: %s", result, error)
+            return math.nan
 
     return measure
 
@@ -323,7 +339,8 @@ def initialise_profile(
     source = f"profiled ({len(samples)} runs after {WARMUP_RUNS} warm-up)"
     if verdict.model is not None and path is not None:
         try:
-            save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, samples=samples)
+            kept, _ = admitted(samples)  # (a run that was not a measurement would make the file unreadable)
+            save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, samples=kept)
             source += f", saved to {path}"
         except (OSError, ValueError) as error:
             logger.warning("[CPP] could not save the profile to %s: %s", path, error)

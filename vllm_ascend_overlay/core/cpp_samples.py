@@ -11,7 +11,9 @@ start-up profile, a cached profile file and a timed step of online calibration
   ``0 <= H <= MAX_TOKENS``;
 - the latency is a real number (int or float, never a bool or a string) within
   ``[MIN_LATENCY_MS, MAX_LATENCY_MS]``: no forward pass takes less than a microsecond,
-  none takes hours. Denormals, zeros and overflows never reach the arithmetic.
+  none takes hours. Denormals, zeros and overflows never reach the arithmetic. A
+  worker's answer to a profiling run is checked by the same rule (``check_latency``)
+  before anything converts it.
 
 ``group_points`` reduces samples to one point per (C, H): the median of its repeats
 and how many there were, plus the scatter between repeats of the same point (a robust
@@ -35,6 +37,8 @@ __all__ = [
     "FitError",
     "Point",
     "SampleError",
+    "admitted",
+    "check_latency",
     "check_sample",
     "check_samples",
     "group_points",
@@ -66,8 +70,11 @@ def check_sample(sample: object) -> tuple[int, int, float]:
     if isinstance(sample, str | bytes) or not isinstance(sample, Sequence) or len(sample) != 3:
         raise SampleError(f"a sample is [chunk_tokens, history_tokens, latency_ms], not {sample!r:.80}")
     chunk, history, latency = sample
-    chunk_tokens = _whole(chunk, "chunk_tokens", 1)
-    history_tokens = _whole(history, "history_tokens", 0)
+    return _whole(chunk, "chunk_tokens", 1), _whole(history, "history_tokens", 0), check_latency(latency)
+
+
+def check_latency(latency: object) -> float:
+    """The time of one forward pass in ms as a float, checked before it is converted; else SampleError."""
     if isinstance(latency, bool) or not isinstance(latency, numbers.Real):
         raise SampleError(f"latency_ms {latency!r:.40} is not a number")
     try:
@@ -79,7 +86,18 @@ def check_sample(sample: object) -> tuple[int, int, float]:
             f"latency_ms {latency_ms!r} is not a forward pass's time "
             f"(outside [{MIN_LATENCY_MS:g}, {MAX_LATENCY_MS:g}] ms)"
         )
-    return chunk_tokens, history_tokens, latency_ms
+    return latency_ms
+
+
+def admitted(samples: Iterable[object]) -> tuple[list[tuple[int, int, float]], int]:
+    """The samples that pass ``check_sample`` (as it returns them), and how many did not."""
+    valid, dropped = [], 0
+    for sample in samples:
+        try:
+            valid.append(check_sample(sample))
+        except SampleError:
+            dropped += 1
+    return valid, dropped
 
 
 def check_samples(samples: Iterable[object]) -> list[tuple[int, int, float]]:

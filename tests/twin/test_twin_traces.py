@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -276,3 +278,58 @@ def test_azure_requests_share_no_prefix():
     ids = [prompt_token_ids(spec, 0)[:128] for spec in workload.requests]
     assert len({tuple(i) for i in ids}) == 6
     assert "0 of them expected prefix hits" in workload.notes[0]
+
+
+# Streaming: a slice reads only its own records.
+
+
+def _counting(monkeypatch, module, name: str) -> list[int]:
+    """Counts the calls of ``module.name`` (a parser of one record's fields)."""
+    calls = [0]
+    real = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
+def test_a_slice_at_the_end_of_a_large_trace_reads_only_its_own_records(tmp_path, monkeypatch):
+    """Every earlier record used to be parsed and kept: a slice at the end of a 1M-line file took 3.5 GB."""
+    from vllm_ascend_patchset.twin import traces
+
+    lines = 20_000
+    path = write(tmp_path, "big.jsonl", [mooncake_line(i, 600, 3, [2 * i, 2 * i + 1]) for i in range(lines)])
+    assert inspect.isgenerator(traces.trace_records(path))
+    parsed = _counting(monkeypatch, traces.json, "loads")
+    workload = build(path, start=lines - 4, count=4)
+    assert [r.req_id for r in workload.requests] == [f"t{i:05d}" for i in range(lines - 4, lines)]
+    assert parsed[0] == 4, "only the slice's lines are parsed"
+    with closing(traces.trace_records(path)) as records:
+        assert next(records).index == 0 and parsed[0] == 5, "a generator reads a record when asked for it"
+
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2023-11-16 18:{i // 60 % 60:02d}:{i % 60:02d},{100 + i},5" for i in range(3600)]
+    stamps = _counting(monkeypatch, traces, "_wall_clock_ms")
+    azure = build(write(tmp_path, "big.csv", rows), start=3597, count=3)
+    assert [r.prompt_tokens for r in azure.requests] == [3697, 3698, 3699] and stamps[0] == 3
+
+
+def test_before_the_slice_records_are_counted_not_read(tmp_path):
+    """A bad record (or a byte-order mark) before the slice does not stop a slice without it; in it, it does."""
+    lines = [
+        mooncake_line(0, 600, 3, [1, 2]),
+        "{not json",
+        mooncake_line(1, 600, 3, [3, 4]),
+        mooncake_line(2, 5, 3, []),
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text("\ufeff" + "\n\n".join(lines) + "\n", encoding="utf-8")  # blank lines are not records
+    assert [r.prompt_tokens for r in build(path, start=2, count=2, load=0.5).requests] == [600, 5]
+    with pytest.raises(ValueError, match=r"t.jsonl:3: not JSON"):
+        build(path, start=1, count=2)
+    assert build(path, start=0, count=1).requests[0].block_ids == (1, 2)  # the mark is read past
+    with pytest.raises(ValueError, match=r"the trace has 4 request\(s\), the slice needs 11; give a smaller START"):
+        build(path, start=10, count=1)

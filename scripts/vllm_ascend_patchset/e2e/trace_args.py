@@ -12,7 +12,7 @@ import argparse
 import math
 
 from ..twin.options import MAX_LOAD, MAX_REQUESTS, MIN_LOAD
-from ..twin.traces import parse_trace_item, read_trace
+from ..twin.traces import parse_trace_item, read_slice
 from .bench import ArgumentError
 
 DEFAULT_COUNT = 20  # requests of a slice given without COUNT
@@ -78,14 +78,8 @@ def check_trace_args(args: argparse.Namespace) -> None:
     if not args.report_only and "ours" not in {w.strip() for w in args.policies.split(",")}:
         raise ArgumentError("--policies: the trace mode needs ours: its profile sets the arrivals and the twin")
     try:
-        item = parse_trace_item(args.trace, DEFAULT_COUNT, MAX_REQUESTS)
-        found = len(read_trace(item.path, item.start + item.count))
+        read_slice(parse_trace_item(args.trace, DEFAULT_COUNT, MAX_REQUESTS))
     except ValueError as error:
         raise ArgumentError(
             str(error).replace("--workload trace:", "--trace ").replace("e.g. trace:", "e.g. ")
         ) from None
-    if found < item.start + item.count:
-        raise ArgumentError(
-            f"--trace {args.trace}: the trace has {found} request(s), the slice needs {item.start + item.count};"
-            " give a smaller START or COUNT"
-        )

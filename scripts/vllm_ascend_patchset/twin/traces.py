@@ -10,7 +10,10 @@ first line:
   ``ContextTokens``, ``GeneratedTokens``; no prefix information.
 
 The slice is records START .. START+COUNT-1 in file order (0-based; a CSV header and
-blank lines are not records). Each request keeps its prompt length, its output length
+blank lines are not records). The file is streamed: records before the slice are counted,
+not read, so a slice at the end of a large trace holds only its own records, and a bad
+record before the slice does not stop a slice without it; every record of the slice is
+checked, and the slice must be in arrival order. Each request keeps its prompt length, its output length
 (at most ``output_cap``; 0 becomes 1: a request yields at least its first token) and its
 block ids (``workloads.prompt_token_ids`` makes equal ids equal tokens, so a shared
 leading run of blocks is a prefix-cache hit in the scheduler). A request longer (prompt
@@ -27,9 +30,12 @@ cache does not hold (``cached_prefix_tokens``): a hit costs no prefill compute.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import re
+from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -107,8 +113,9 @@ def trace_format(path: Path) -> str:
     )
 
 
-def read_trace(path: Path, stop: int) -> list[TraceRecord]:
-    """The file's first ``stop`` records (fewer if it has fewer), each checked; errors name file:line."""
+def trace_records(path: Path, start: int = 0) -> Iterator[TraceRecord]:
+    """The file's records from the ``start``-th on, each checked as it is read (errors name file:line); the
+    ones before it are counted, not read. A generator: a caller takes what it needs and nothing more is read."""
     if not path.exists():
         raise ValueError(f"--workload trace:{path}: no such file (give a Mooncake .jsonl or an Azure .csv trace)")
     if not path.is_file():
@@ -116,16 +123,46 @@ def read_trace(path: Path, stop: int) -> list[TraceRecord]:
     try:
         reader = _mooncake if trace_format(path) == "mooncake" else _azure
         with open(path, encoding="utf-8-sig", newline="") as handle:
-            records = reader(path, handle, stop)
+            yield from reader(path, handle, start)
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"--workload trace:{path}: cannot read it ({exc})") from None
-    for before, record in zip(records, records[1:], strict=False):
+
+
+def read_trace(path: Path, stop: int, start: int = 0) -> list[TraceRecord]:
+    """Records ``start`` .. ``stop - 1`` of the file (fewer if it has fewer), checked and in arrival order."""
+    with closing(trace_records(path, start)) as records:
+        picked = list(itertools.islice(records, max(stop - start, 0)))
+    for before, record in zip(picked, picked[1:], strict=False):
         if record.timestamp_ms < before.timestamp_ms:  # prefix hits and arrivals follow the file's order
             raise ValueError(
                 f"{path}:{record.line}: timestamp {record.timestamp_ms:.3f} ms is before line {before.line}'s"
                 f" {before.timestamp_ms:.3f}; a trace lists requests in arrival order (sort it by timestamp)"
             )
+    return picked
+
+
+def read_slice(trace: TraceSlice) -> list[TraceRecord]:
+    """The slice's records (``read_trace``); a slice past the end of the file is an error saying so."""
+    records = read_trace(trace.path, trace.start + trace.count, trace.start)
+    if len(records) < trace.count:
+        held = trace.start + len(records) if records else _record_count(trace.path)
+        raise ValueError(
+            f"--workload trace:{trace.path}@{trace.start}:{trace.count}: the trace has {held} request(s),"
+            f" the slice needs {trace.start + trace.count}; give a smaller START or COUNT"
+        )
     return records
+
+
+def _rows(handle) -> Iterator[tuple[int, str]]:
+    """(line number, line) of each line that is not blank: a record, or a CSV's header."""
+    return ((line_no, line) for line_no, line in enumerate(handle, 1) if line.strip())
+
+
+def _record_count(path: Path) -> int:
+    """Records in the file (its rows, less a CSV's header), none of them read."""
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        rows = sum(1 for _ in _rows(handle))
+    return max(rows - (trace_format(path) == "azure"), 0)
 
 
 def _number(value: object) -> bool:
@@ -145,12 +182,9 @@ def _whole(value: object, where: str, name: str, low: int) -> int:
     return int(value)
 
 
-def _mooncake(path: Path, handle, stop: int) -> list[TraceRecord]:
-    records: list[TraceRecord] = []
-    for line_no, line in enumerate(handle, 1):
-        if len(records) >= stop:
-            break
-        if not line.strip():
+def _mooncake(path: Path, handle, start: int) -> Iterator[TraceRecord]:
+    for index, (line_no, line) in enumerate(_rows(handle)):
+        if index < start:  # before the slice: counted, not read
             continue
         where = f"{path}:{line_no}"
         try:
@@ -177,8 +211,7 @@ def _mooncake(path: Path, handle, stop: int) -> list[TraceRecord]:
                 f" {TRACE_BLOCK_TOKENS}-token block, {needed} here"
             )
         output = _whole(data["output_length"], where, "output_length", 0)
-        records.append(TraceRecord(len(records), line_no, float(stamp), tokens, output, ids))
-    return records
+        yield TraceRecord(index, line_no, float(stamp), tokens, output, ids)
 
 
 def _wall_clock_ms(text: str, where: str) -> float:
@@ -201,34 +234,28 @@ def _cell_tokens(text: str, where: str, name: str, low: int) -> int:
         raise ValueError(f"{where}: {name} {text.strip()!r} must be a whole number >= {low}") from None
 
 
-def _azure(path: Path, handle, stop: int) -> list[TraceRecord]:
-    rows = ((n, line) for n, line in enumerate(handle, 1) if line.strip())
+def _azure(path: Path, handle, start: int) -> Iterator[TraceRecord]:
+    rows = _rows(handle)
     header_no, header_line = next(rows, (1, ""))
     header = [name.strip() for name in next(csv.reader([header_line]), [])]
     missing = [name for name in AZURE_COLUMNS if name not in header]
     if missing:
         raise ValueError(f"{path}:{header_no}: header lacks {', '.join(missing)}; expected {','.join(AZURE_COLUMNS)}")
     stamp_at, input_at, output_at = (header.index(name) for name in AZURE_COLUMNS)
-    records: list[TraceRecord] = []
-    for line_no, line in rows:
-        if len(records) >= stop:
-            break
+    for index, (line_no, line) in enumerate(rows):
+        if index < start:  # before the slice: counted, not read
+            continue
         where = f"{path}:{line_no}"
         cells = next(csv.reader([line]))
         if len(cells) != len(header):
             raise ValueError(f"{where}: {len(cells)} value(s), the header names {len(header)}")
-
-        stamp = _wall_clock_ms(cells[stamp_at], where)
-        records.append(
-            TraceRecord(
-                len(records),
-                line_no,
-                stamp,
-                _cell_tokens(cells[input_at], where, "ContextTokens", 1),
-                _cell_tokens(cells[output_at], where, "GeneratedTokens", 0),
-            )
+        yield TraceRecord(
+            index,
+            line_no,
+            _wall_clock_ms(cells[stamp_at], where),
+            _cell_tokens(cells[input_at], where, "ContextTokens", 1),
+            _cell_tokens(cells[output_at], where, "GeneratedTokens", 0),
         )
-    return records
 
 
 def cached_prefix_tokens(records: list[TraceRecord], cache_block_tokens: int) -> list[int]:
@@ -281,13 +308,7 @@ def trace_workload(
     """The slice as a workload at offered prefill ``load`` (module doc: what is kept, skipped and scaled)."""
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"--load must be > 0, got {load}")
-    records = read_trace(trace.path, trace.start + trace.count)
-    if len(records) < trace.start + trace.count:
-        raise ValueError(
-            f"--workload trace:{trace.path}@{trace.start}:{trace.count}: the trace has {len(records)} request(s),"
-            f" the slice needs {trace.start + trace.count}; give a smaller START or COUNT"
-        )
-    picked = records[trace.start :]
+    picked = read_slice(trace)
     notes = []
     kept = [r for r in picked if _output_tokens(r, output_cap) + r.input_tokens <= max_request_tokens]
     if len(kept) < len(picked):

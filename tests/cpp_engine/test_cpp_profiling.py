@@ -115,12 +115,18 @@ def test_workers_that_answer_no_measurement_give_no_model_and_no_cached_profile(
 
 def test_a_dropped_run_is_left_out_of_the_saved_profile_so_the_next_start_reuses_it(tmp_path, caplog):
     """One point's first worker answers NaN: the rest is a profile, saved as readable JSON and reused."""
+    caplog.set_level(logging.INFO, logger=cpp_profiling.logger.name)
     answer = lambda c, h: [math.nan if (c, h) == (32, 0) else device_ms(c, h), device_ms(c, h)]  # noqa: E731
     first = start_with(tmp_path, answer)
     assert first.verdict.model is not None and "1 sample(s) not measurements, dropped" in first.verdict.reason
     again = start_with(tmp_path, answer)
     assert again.source.startswith("cache") and again.verdict.model == first.verdict.model
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == cpp_profiling.logger.name]
+    assert [m for level, m in messages if "is dropped" in m] == [
+        f"[CPP] a profiling run whose workers answered [nan, {device_ms(32, 0)!r}] is dropped: latency_ms nan is "
+        "not a forward pass's time (outside [0.001, 1e+07] ms)"
+    ]
+    assert messages and not [m for level, m in messages if level >= logging.WARNING], messages  # not "ignoring"
 
 
 def test_engine_core_hook_starts_cpp_once_the_executor_is_up():

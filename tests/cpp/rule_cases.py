@@ -20,7 +20,7 @@ def log_uniform(low_exponent: float, high_exponent: float, zero: bool = True):
 C0_MS, C1_MS, C2_MS = log_uniform(-2, 3, zero=False), log_uniform(-5, 0), log_uniform(-7, -2)
 C3_MS, C4_MS = log_uniform(-10, -4), log_uniform(-10, -4)
 SMOOTH_FACTORS, TAIL_TOLERANCES = st.floats(0.05, 1.0), st.sampled_from([0.0, 0.15, 0.5])
-MAX_BATCH_MS = st.none() | log_uniform(-1, 4, zero=False)
+DECODE_STEP_MS = st.none() | log_uniform(-1, 4, zero=False)
 TARGET_EXPONENTS = st.floats(-0.3, 1.2)  # position of a target in (or a little outside) the planner's range
 
 
@@ -48,7 +48,7 @@ def table(truth, base_chunk_tokens: int, max_history_tokens: int) -> LatencyMode
 
 
 @st.composite
-def rules(draw, smooth_factor=None, tail_tolerance=None, max_batch_ms=False, granule=False):
+def rules(draw, smooth_factor=None, tail_tolerance=None, decode_step_ms=False, granule=False):
     base_chunk_tokens = draw(st.integers(4, 32_768))
     max_model_len = draw(st.integers(1, 1_000_000))
     limits = ChunkLimits(
@@ -57,7 +57,7 @@ def rules(draw, smooth_factor=None, tail_tolerance=None, max_batch_ms=False, gra
         min_chunk_tokens=draw(st.integers(0, base_chunk_tokens)),
         smooth_factor=draw(SMOOTH_FACTORS) if smooth_factor is None else smooth_factor,
         tail_tolerance=draw(TAIL_TOLERANCES) if tail_tolerance is None else tail_tolerance,
-        max_batch_ms=draw(MAX_BATCH_MS) if max_batch_ms else None,
+        decode_step_ms=draw(DECODE_STEP_MS) if decode_step_ms else None,
         granule_tokens=draw(st.sampled_from([1, 64, 128, 256])) if granule else 1,
     )
     model = table(draw(truths()), base_chunk_tokens, max(0, max_model_len - base_chunk_tokens))

@@ -197,24 +197,40 @@ def test_the_plan_adds_no_last_chunk_that_costs_a_whole_wave(num_stages):
 @PROPERTIES
 @given(st.data())
 def test_the_planned_target_is_finite_and_within_its_bounds(data):
-    rule = data.draw(rules(max_batch_ms=True))
+    rule = data.draw(rules(decode_step_ms=True))
     held = data.draw(held_prefills(rule))
     fixed_ms = rule.model.fixed_ms + data.draw(st.sampled_from([0.0, 1.0, 50.0]))
     inflight_ms = data.draw(st.sampled_from([0.0, 10.0, 1000.0]))
-    low, high = target_bounds(rule, held, fixed_ms)
-    plan = rule.plan_target(held, fixed_ms=fixed_ms, inflight_ms=inflight_ms, decoding=data.draw(st.integers(0, 3)))
+    decoding = data.draw(st.integers(0, 3))
+    low, high = target_bounds(rule, held, fixed_ms, decoding)
+    plan = rule.plan_target(held, fixed_ms=fixed_ms, inflight_ms=inflight_ms, decoding=decoding)
     assert math.isfinite(plan.target_ms)
     assert low <= plan.target_ms <= high * (1 + 1e-12)
 
 
 @PROPERTIES
 @given(st.data())
-def test_the_planned_target_never_exceeds_max_batch_ms_whatever_the_prefills(data):
+def test_while_requests_decode_the_target_never_exceeds_the_decode_step_bound_whatever_the_prefills(data):
     rule = data.draw(rules())
     held = data.draw(held_prefills(rule))
     low, high = target_bounds(rule, held, rule.model.fixed_ms)
-    rule = rule.with_limits(max_batch_ms=low * (high / low) ** data.draw(st.floats(0.0, 1.5)))
-    assert rule.plan_target(held).target_ms <= rule.limits.max_batch_ms * (1 + 1e-12)
+    rule = rule.with_limits(decode_step_ms=low * (high / low) ** data.draw(st.floats(0.0, 1.5)))
+    decoding = data.draw(st.integers(1, 40))
+    assert rule.plan_target(held, decoding=decoding).target_ms <= rule.limits.decode_step_ms * (1 + 1e-12)
+
+
+def test_the_decode_step_bound_leaves_prefills_alone_and_is_the_target_for_a_long_prompt_beside_decodes():
+    """No request decodes: the user's TPOT target owes nothing, the plan is the one without it. Decodes:
+    within the bound, a long prompt wants the most time a step has (the least TTFT the bound allows)."""
+    limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072)
+    rule = rule_for(TRUE, 4, limits)
+    held = [(0, 65_536)]
+    free = rule.plan_target(held).target_ms
+    bound_ms = free / 3
+    paced = rule.with_limits(decode_step_ms=bound_ms)
+    assert paced.plan_target(held).target_ms == pytest.approx(free)
+    assert paced.plan_target(held, decoding=5).target_ms == pytest.approx(bound_ms, rel=0.02)
+    assert paced.plan_target(held, decoding=5).batch_tokens == math.inf  # no fixed chunk caps the chunks
 
 
 def test_a_prefill_that_fills_the_whole_context_is_planned_for_its_pipeline():
@@ -235,7 +251,7 @@ def test_a_prefill_that_fills_the_whole_context_is_planned_for_its_pipeline():
 def test_planning_and_granting_never_raise_and_always_advance_a_prefill(data):
     """Any table (attention-dominated ones included), smooth factor, floor, cap, P from 1 to 64, held prefills and
     decodes: a finite target within bounds, and the step's first prefill always advances."""
-    rule = data.draw(rules(max_batch_ms=True, granule=True))
+    rule = data.draw(rules(decode_step_ms=True, granule=True))
     held = data.draw(held_prefills(rule, max_count=20))
     decoding = data.draw(st.integers(0, 40))
     decodes = [(f"d{i}", 1, data.draw(st.integers(0, rule.limits.max_model_len - 1))) for i in range(decoding)]

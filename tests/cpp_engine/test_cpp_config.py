@@ -55,15 +55,30 @@ def test_the_refit_window_has_its_own_key_and_max_fit_chunk_keeps_upstreams():
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, None), (50, 50.0), (0.5, 0.5)])
-def test_max_batch_ms_is_a_positive_number_of_ms_or_null(value, expected):
-    assert load({"max_batch_ms": value}).max_batch_ms == expected
-    assert load({}).max_batch_ms is None
+def test_target_tpot_ms_is_a_positive_number_of_ms_or_null(value, expected):
+    assert load({"target_tpot_ms": value}).target_tpot_ms == expected
+    assert load({}).target_tpot_ms is None
 
 
 @pytest.mark.parametrize("value", [0, -5, "50", True, float("inf")])
-def test_max_batch_ms_refuses_what_is_not_a_positive_number(value):
-    with pytest.raises(CppConfigError, match=r"max_batch_ms=.*: must be a number > 0, or null \(default null\)"):
-        load({"max_batch_ms": value})
+def test_target_tpot_ms_refuses_what_is_not_a_positive_number(value):
+    with pytest.raises(CppConfigError, match=r"target_tpot_ms=.*: must be a number > 0, or null \(default null\)"):
+        load({"target_tpot_ms": value})
+
+
+def test_max_batch_ms_names_the_key_that_replaced_it_and_how_to_convert():
+    with pytest.raises(CppConfigError) as raised:
+        load({"enabled": True, "max_batch_ms": 20})
+    message = str(raised.value)
+    assert message.startswith("profiling_chunk_config.max_batch_ms=20: replaced by target_tpot_ms")
+    assert "target_tpot_ms=X*P" in message
+
+
+def test_max_batch_ms_is_reported_with_the_other_bad_keys_so_one_restart_fixes_all():
+    with pytest.raises(CppConfigError) as raised:
+        load({"max_batch_ms": 20, "smooth_factor": 3})
+    message = str(raised.value)
+    assert "max_batch_ms=20: replaced by target_tpot_ms" in message and "smooth_factor=3" in message
 
 
 def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):

@@ -76,7 +76,9 @@ class ChunkLimits:
     min_chunk_tokens: int = DEFAULT_FLOOR_TOKENS  # the step's first prefill advances by at least this
     smooth_factor: float = 1.0  # 1: the rule's chunk; < 1 blends it towards base_chunk_tokens
     tail_tolerance: float = 0.0  # a request's final tail may take the target * (1 + this)
-    max_batch_ms: float | None = None  # upper bound of the target
+    # While requests decode, no batch longer than this: the TPOT target over the steps between
+    # two of a decode's tokens (P under pipeline parallelism, 1 under asynchronous scheduling).
+    decode_step_ms: float | None = None
     granule_tokens: int = 1  # chunks are multiples of this (a measured tile step), tails excepted
 
     @property

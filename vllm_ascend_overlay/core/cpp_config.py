@@ -86,10 +86,11 @@ class CppConfig:
     tail_tolerance: float = setting(
         0.0, "a request's last chunk may take the batch-time target times (1 + this) to save a step", low=0, high=1
     )
-    max_batch_ms: float | None = setting(
+    target_tpot_ms: float | None = setting(
         None,
-        "upper bound on the batch-time target (one pipeline stage's ms), for an inter-token-latency objective; "
-        "null: bounded only by max_num_batched_tokens",
+        "the pace decodes keep, ms between a request's tokens (TPOT): while requests decode, each step takes at "
+        "most target / P, a pipeline round being P steps (target under async scheduling), and prefills get the "
+        "least TTFT that allows; null: CPP weighs the decodes' wait itself",
         kind=float,
         low=0,
         low_open=True,
@@ -102,8 +103,25 @@ class CppConfig:
         return os.path.expanduser(self.cache_dir) if self.cache_dir else None
 
 
+REPLACED_KEYS = {
+    "max_batch_ms": "target_tpot_ms: the time between a decoding request's tokens, which under pipeline parallelism "
+    "spans the P steps of a pipeline round and binds only while requests decode (max_batch_ms=X bounded one "
+    "stage's batch at every step: target_tpot_ms=X*P keeps the same pace for decodes)",
+}
+
+
 def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> CppConfig:
     """Values and keys only (no engine checks); see ``check_cpp_setup`` for those."""
+    if isinstance(raw, dict):
+        replaced = [
+            problem(CONFIG_KEY, key, raw[key], f"replaced by {why}") for key, why in REPLACED_KEYS.items() if key in raw
+        ]
+        if replaced:  # with whatever else is wrong, so that one restart fixes all
+            try:
+                parse_section(CppConfig, {k: v for k, v in raw.items() if k not in REPLACED_KEYS}, key=CONFIG_KEY)
+            except ValueError as error:
+                replaced.append(str(error))
+            raise_problems(CONFIG_KEY, replaced, CppConfigError)
     config = parse_section(CppConfig, raw, key=CONFIG_KEY, error=CppConfigError)
     if config.cache_dir is None:
         config = replace(config, cache_dir="")

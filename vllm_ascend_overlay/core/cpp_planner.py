@@ -50,8 +50,10 @@ token of the prefills the scheduler holds, given P stages:
    be there: decodes wait no longer than under it, wherever in a prompt they fall.
    Within that bound the planner still chooses the chunks. It then takes the shortest T
    whose predicted mean TTFT is within ``DECODE_SLACK`` of the best; where the TTFT is
-   flat in T, batches get much shorter for almost nothing. ``max_batch_ms`` bounds T for
-   an explicit latency objective.
+   flat in T, batches get much shorter for almost nothing. With the user's TPOT target
+   (``target_tpot_ms``) rule 4 is theirs instead: while requests decode, T is at most the
+   target over the steps between two of a decode's tokens (``ChunkLimits.decode_step_ms``),
+   no fixed chunk caps the chunks, and within that bound T is the least mean TTFT's.
 
 The search runs only when the set of held prefills changes or decodes start or stop, never
 per step, and while a batch is in flight in the planner thread (core/cpp_policy.py): it
@@ -95,19 +97,22 @@ DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2%
 TUNED_CHUNK_SLACK = 0.05  # rule 4's chunk: the smallest fixed chunk within 5% of the best predicted mean TTFT
 
 
-def target_bounds(rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float) -> tuple[float, float]:
+def target_bounds(
+    rule: ChunkRule, prefills: Sequence[tuple[int, int]], fixed_ms: float, decoding: int = 0
+) -> tuple[float, float]:
     """Targets worth searching: a floor-sized chunk at the deepest history, up to a full cap there.
 
-    ``max_batch_ms`` bounds both: the user's latency bound wins over the low end too (the
-    step's first prefill still advances by the floor).
+    While requests decode, the decode step bound (the user's TPOT target over the steps between
+    two tokens) bounds both: it wins over the low end too (the step's first prefill still
+    advances by the floor).
     """
     model, limits = rule.model, rule.limits
     deepest = max((history + remaining for history, remaining in prefills), default=0)
     deepest = min(deepest, limits.max_model_len)
     low = fixed_ms + model.request_ms(limits.floor_tokens, deepest)
     high = max(low, fixed_ms + model.request_ms(limits.cap_tokens, deepest))
-    if limits.max_batch_ms is not None:
-        low, high = min(low, limits.max_batch_ms), min(high, limits.max_batch_ms)
+    if decoding and limits.decode_step_ms is not None:
+        low, high = min(low, limits.decode_step_ms), min(high, limits.decode_step_ms)
     return low, high
 
 
@@ -139,13 +144,14 @@ def plan_target(
     positions = [(max(0, int(h)), int(r)) for h, r in prefills if r > 0]
     held, behind = positions[:PLAN_MAX_PREFILLS], positions[PLAN_MAX_PREFILLS:]
     queued = (len(behind), sum(r for _, r in behind))
-    low, high = target_bounds(rule, held, fixed_ms)
+    low, high = target_bounds(rule, held, fixed_ms, decoding)
     if not held or high <= low * (1.0 + 1e-6):
         return Plan(high, fixed_ms, efficient)
     if not load.jobs:
         load = dataclasses.replace(load, jobs=tuple(held))
     batch_tokens = math.inf
-    if decoding:
+    paced = decoding and rule.limits.decode_step_ms is not None  # the user's TPOT target bounds the batches
+    if decoding and not paced:
         # Decodes wait for every batch: none longer, on average, than the batches the fixed
         # chunk tuned for this traffic would make of the prefills held and queued, and no
         # chunk larger than that chunk, so that at any history no batch is longer than its.
@@ -173,6 +179,8 @@ def plan_target(
         tiles = rule.limits.granule_tokens > 1 or bool(lowers)
         plan = Plan(target, fixed_ms, efficient)
         return constant_chunk_if_better(rule, held, plan, high, inflight_ms, lowers, spread=tiles)
+    if paced:  # within the user's bound, the least mean TTFT
+        return Plan(float(candidates[best]), fixed_ms, efficient, batch_tokens)
     # Decodes ride in these batches and wait for each one: take the shortest batch whose
     # predicted mean TTFT is within DECODE_SLACK of the best target's.
     shorter = (candidates <= candidates[best]) & (costs <= costs[best] * (1.0 + DECODE_SLACK))

@@ -27,11 +27,13 @@ Pure Python and numpy: no vLLM.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +51,27 @@ __all__ = ["MAX_BATCHES_IN_FLIGHT", "PLAN_TIMEOUT_S", "CppBatch", "CppPolicy"]
 MAX_BATCHES_IN_FLIGHT = 64  # far more than pipeline stages; a bound in case an output is dropped
 PLANNER_IDLE_S = 5.0  # the planner thread ends after this long without a plan to make
 PLAN_TIMEOUT_S = 30.0  # a plan takes milliseconds; one not back by then is a fault (CPP off), never a hang
+PACE_WINDOW = 16  # timed steps the decode pace is kept over (a TPOT target's bound in measured time)
+PACE_MIN_STEPS = 4  # fewer timed steps leave the bound as predicted
+MAX_PACE_FACTOR = 2.0  # the measured pace moves the bound by at most this factor either way
+
+
+def decode_step_bound(model: LatencyModel, target_tpot_ms: float, steps_per_token: int) -> float:
+    """A step's share of the TPOT target, raised to what a step of one decode takes (one warning when it is:
+    the engine then runs at that floor, each step adding at most the floor's prefill tokens to its decodes)."""
+    bound_ms, floor_ms = target_tpot_ms / steps_per_token, model.time_ms(1, 0)
+    if bound_ms >= floor_ms:
+        return bound_ms
+    logger.warning(
+        "[CPP] profiling_chunk_config.target_tpot_ms=%g is below what decodes alone reach on this deployment: "
+        "a round of %d one-decode step(s) takes %.2f ms (%.2f ms a step); running at that floor: while requests "
+        "decode, a prefill advances by min_chunk tokens once a round",
+        target_tpot_ms,
+        steps_per_token,
+        steps_per_token * floor_ms,
+        floor_ms,
+    )
+    return floor_ms
 
 
 def _plan(
@@ -117,6 +140,7 @@ class CppBatch:
     charged: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
     predicted_ms: float
     timed: bool
+    paced: bool = False  # made within a TPOT target's bound (requests decoding)
 
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
@@ -135,16 +159,22 @@ class CppPolicy:
         *,
         asynchronous: bool,
         calibration_window: int,
+        target_tpot_ms: float | None = None,
     ) -> None:
-        self.calibration = OnlineCalibration(model, window_size=calibration_window)
-        self.budget = StepBudget(ChunkRule(model, limits, num_stages))
         # A decode's next token needs its last one back, one batch in P, unless asynchronous
         # scheduling counts that token as a placeholder and schedules it in every batch.
-        self.decode_share = 1.0 if asynchronous else 1.0 / max(1, num_stages)
+        steps_per_token = 1 if asynchronous else max(1, num_stages)
+        self.decode_share = 1.0 / steps_per_token
+        if target_tpot_ms is not None:  # the steps between two of a decode's tokens share the target
+            limits = replace(limits, decode_step_ms=decode_step_bound(model, target_tpot_ms, steps_per_token))
+        self.calibration = OnlineCalibration(model, window_size=calibration_window)
+        self.budget = StepBudget(ChunkRule(model, limits, num_stages))
+        self.budget.floor_every = steps_per_token
         self._in_flight: list[tuple[Any, CppBatch]] = []  # (SchedulerOutput, its record), oldest first
         self._planner = _Planner()
         self._pending: tuple[Future, ChunkRule] | None = None  # a plan made off the step, and the rule it used
         self.traffic = Traffic()
+        self._pace_errors: deque[float] = deque(maxlen=PACE_WINDOW)  # log(measured / predicted), timed steps
 
     @property
     def rule(self) -> ChunkRule:
@@ -193,7 +223,8 @@ class CppPolicy:
     def scheduled(self, scheduler_output: Any, timed: bool) -> None:
         """Keep the step's record until its output is back."""
         budget = self.budget
-        self._in_flight.append((scheduler_output, CppBatch(budget.charged, budget.predicted_ms(), timed)))
+        record = CppBatch(budget.charged, budget.predicted_ms(), timed, budget.paced)
+        self._in_flight.append((scheduler_output, record))
         if len(self._in_flight) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
             del self._in_flight[0]
 
@@ -218,7 +249,21 @@ class CppPolicy:
                     batch.predicted_ms,
                     measured_ms,
                 )
+            if batch.paced:
+                self._keep_pace(batch.predicted_ms, float(measured_ms))
             model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:
                 self.budget.rule = self.rule.with_model(model)
+                self._pace_errors.clear()  # (the new model predicts otherwise)
         return batch
+
+    def _keep_pace(self, predicted_ms: float, measured_ms: float) -> None:
+        """The decode step bound in measured time: scaled by the geometric mean of predicted over measured
+        of the latest ``PACE_WINDOW`` timed steps made within it (from ``PACE_MIN_STEPS`` of them)."""
+        if not (predicted_ms > 0 and measured_ms > 0):
+            return
+        errors = self._pace_errors
+        errors.append(math.log(measured_ms / predicted_ms))
+        if len(errors) >= PACE_MIN_STEPS:
+            scale = math.exp(-sum(errors) / len(errors))
+            self.budget.pace(min(max(scale, 1.0 / MAX_PACE_FACTOR), MAX_PACE_FACTOR))

@@ -24,13 +24,15 @@ shorter ones behind it are still reached; at most ``PASS_OVER_LIMIT`` per step, 
 bounds the prefix-cache lookups the loop makes.
 
 The step's first prefill always advances by at least the floor, so prefills never
-starve behind decodes. Pure Python and numpy: no vLLM.
+starve behind decodes; under a TPOT target, while decodes fill its bound, once a pipeline
+round (``floor_due``). Pure Python and numpy: no vLLM.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Iterable, Sequence
+from dataclasses import replace
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, Plan
@@ -40,6 +42,7 @@ __all__ = ["PASS_OVER", "PASS_OVER_LIMIT", "StepBudget"]
 PASS_OVER = -1  # ``admit``'s answer for a waiting request to skip this step (the loop goes on to the next)
 PASS_OVER_LIMIT = 8  # waiting requests one step passes over to reach a shorter one behind them
 _VECTOR_DECODES = 16  # from this many decodes in a step, their costs come from one vectorised call
+PACE_STEP = 0.01  # the decode step bound follows the measured pace in steps of at least 1%
 
 
 class StepBudget:
@@ -52,8 +55,53 @@ class StepBudget:
 
     def __init__(self, rule: ChunkRule, plan: Plan | None = None) -> None:
         self.rule = rule
+        self.pace_scale = 1.0  # predicted over measured time (``pace``)
+        self.floor_every = 1  # under a TPOT target, the floor is owed once in this many steps (a pipeline round)
+        self._floorless_steps = 1 << 30  # paced steps in a row that advanced no prefill (none yet: the floor is owed)
+        self.paced = False  # requests decode in this step's time, under a TPOT target (``decoding``)
         self.plan = plan if plan is not None else rule.plan(rule.model.time_ms(rule.limits.cap_tokens, 0))
         self.start()
+
+    @property
+    def plan(self) -> Plan:
+        """The plan in force this step: the planned one, within the decode step bound while requests decode."""
+        return self._in_force
+
+    @plan.setter
+    def plan(self, plan: Plan) -> None:
+        self._planned = self._in_force = plan
+        self._bounded: Plan | None = None  # the planned one within the decode step bound, made once per plan
+
+    @property
+    def decode_bound_ms(self) -> float | None:
+        """The decode step bound in predicted ms: the target's share, times ``pace_scale``."""
+        bound_ms = self.rule.limits.decode_step_ms
+        return None if bound_ms is None else bound_ms * self.pace_scale
+
+    def pace(self, scale: float) -> None:
+        """Predicted over measured time of the latest timed steps: the decode step bound is kept in measured
+        time (a model a few percent slow or fast would otherwise miss the user's target by as much)."""
+        if abs(scale - self.pace_scale) > PACE_STEP * self.pace_scale:
+            self.pace_scale = scale
+            self._bounded = None
+
+    @property
+    def floor_due(self) -> bool:
+        """Whether this step's first prefill is owed the floor: always, but while decodes fill a TPOT target's
+        bound only once a pipeline round (its decodes then wait for one floor chunk a round, not one a step)."""
+        return not self.paced or self._floorless_steps + 1 >= self.floor_every
+
+    def decoding(self, any_decodes: bool) -> None:
+        """Whether requests decode in this step's time: with a TPOT target (``decode_step_ms``) no step is
+        then longer than its bound, even before a plan made for the decodes is adopted."""
+        bound_ms, planned = self.decode_bound_ms, self._planned
+        self.paced = any_decodes and bound_ms is not None  # this step's time is a decode's: it keeps to the pace
+        if not any_decodes or bound_ms is None or planned.target_ms <= bound_ms:
+            self._in_force = planned
+            return
+        if self._bounded is None:
+            self._bounded = replace(planned, target_ms=bound_ms)
+        self._in_force = self._bounded
 
     @property
     def target_ms(self) -> float:
@@ -62,6 +110,7 @@ class StepBudget:
     def start(self, extra_fixed_ms: float = 0.0) -> None:
         """A new step: only the fixed cost is spent (plus ``extra_fixed_ms``, the planner's stand-in for decodes)."""
         self.used_ms = self.rule.model.fixed_ms + extra_fixed_ms  # fixed + charged requests, reserved decodes included
+        self.paced = False  # (until ``decoding`` says otherwise)
         self.charged_ms = extra_fixed_ms  # charged requests only
         # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
         self.charged: dict[str, tuple[int, int, float]] = {}
@@ -187,9 +236,10 @@ class StepBudget:
             <= (1.0 + rule.limits.tail_tolerance) * target_ms
         ):
             chunk = remaining_tokens  # the whole tail: no extra step for it
-        if first:
+        if first and self.floor_due:
             # The step's first prefill advances by at least the floor (or its whole tail),
-            # even when decodes fill the budget; alone in the batch it gets its own chunk.
+            # even when decodes fill the budget (under a TPOT target, once a pipeline round:
+            # ``floor_due``); alone in the batch it gets its own chunk.
             chunk = max(chunk, min(wanted, rule.limits.floor_tokens))
             if alone:
                 chunk = max(chunk, wanted)
@@ -261,6 +311,7 @@ class StepBudget:
         if len(self.charged) != len(scheduled):
             for request_id in [r for r in self.charged if r not in scheduled]:
                 self.refund(request_id)
+        self._floorless_steps = self._floorless_steps + 1 if self.paced and not self.prefill_tokens else 0
 
     def pairs(self) -> tuple[tuple[int, int], ...]:
         """The step's (chunk_tokens, history_tokens) pairs, in the order they were charged."""

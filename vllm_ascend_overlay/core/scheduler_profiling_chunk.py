@@ -102,7 +102,6 @@ class ProfilingChunkScheduler(BalanceScheduler):
             min_chunk_tokens=config.min_chunk,
             smooth_factor=config.smooth_factor,
             tail_tolerance=config.tail_tolerance,
-            max_batch_ms=config.max_batch_ms,
         )
 
     def run_profiling_chunk_init(self, model_executor: Any = None, *, measure=None) -> None:
@@ -142,12 +141,18 @@ class ProfilingChunkScheduler(BalanceScheduler):
             num_stages,
             asynchronous=isinstance(self, AsyncScheduler),
             calibration_window=self.cpp_config.calibration_window,
+            target_tpot_ms=self.cpp_config.target_tpot_ms,
+        )
+        bound_ms = self.cpp_policy.rule.limits.decode_step_ms
+        pace = (
+            "" if bound_ms is None else f"; while requests decode, steps of at most {bound_ms:.2f} ms (target_tpot_ms)"
         )
         logger.info(
-            "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages",
+            "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages%s",
             self.cpp_source,
             verdict.reason,
             num_stages,
+            pace,
         )
 
     @property
@@ -229,6 +234,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
                 new_tokens += len(request.spec_token_ids)
             if new_tokens > 0:
                 decodes.append((request.request_id, new_tokens, history_tokens))
+        budget.decoding(len(self.running) > len(prefills))  # (in flight or not, each waits for this step)
         budget.reserve_decodes(decodes)
         self._cpp_open_prefills = prefills  # and, after the step, the prefills it admitted
         self._plan_if_prefills_changed(prefills)

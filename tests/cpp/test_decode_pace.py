@@ -1,0 +1,116 @@
+"""A TPOT target (``target_tpot_ms``): the step budget keeps every step within its share while requests decode."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from cpp_samples import TRUE, measured_model
+from vllm_ascend.core import cpp_policy
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_policy import CppPolicy
+from vllm_ascend.core.cpp_step_budget import StepBudget
+
+LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072, min_chunk_tokens=64)
+STAGES = 4
+
+
+@pytest.fixture(scope="module")
+def model():
+    return measured_model(TRUE, noise=0.0, max_history_tokens=LIMITS.max_model_len)
+
+
+def paced_budget(model, bound_ms: float | None) -> StepBudget:
+    rule = ChunkRule(model, ChunkLimits(**{**LIMITS.__dict__, "decode_step_ms": bound_ms}), STAGES)
+    budget = StepBudget(rule, rule.plan(model.time_ms(8192, 0)))
+    budget.floor_every = STAGES
+    return budget
+
+
+def test_while_requests_decode_the_plan_in_force_is_within_the_bound_and_the_planned_one_otherwise(model):
+    planned_ms = model.time_ms(8192, 0)
+    bound_ms = planned_ms / 4
+    budget = paced_budget(model, bound_ms)
+    budget.start()
+    budget.decoding(True)
+    assert budget.target_ms == bound_ms and budget.paced
+    budget.start()
+    budget.decoding(False)
+    assert budget.target_ms == planned_ms and not budget.paced
+    free = paced_budget(model, None)
+    free.start()
+    free.decoding(True)
+    assert free.target_ms == planned_ms and not free.paced  # no target: nothing owed to the decodes
+
+
+def test_a_prefill_beside_decodes_is_cut_to_what_the_bound_leaves(model):
+    bound_ms = model.time_ms(2048, 0)
+    budget = paced_budget(model, bound_ms)
+    budget.start()
+    budget.decoding(True)
+    budget.reserve_decodes([("d", 1, 4000)])
+    chunk = budget.grant(0, 60_000, 8192, "long")
+    budget.charge("long", chunk, 0)
+    assert 64 < chunk < 2048
+    assert budget.predicted_ms() <= bound_ms * (1 + 1e-9)
+
+
+def test_the_bound_follows_the_measured_pace(model):
+    budget = paced_budget(model, 10.0)
+    budget.pace(0.9)  # steps measured 1/0.9 slower than predicted: 10 ms of predicted time is too much
+    assert budget.decode_bound_ms == pytest.approx(9.0)
+    budget.pace(0.905)  # under PACE_STEP: the bound (and its plan) stays as it is
+    assert budget.decode_bound_ms == pytest.approx(9.0)
+    budget.start()
+    budget.decoding(True)
+    assert budget.target_ms == pytest.approx(9.0)
+
+
+def floors_given(model, bound_ms: float | None, steps: int) -> list[int]:
+    """The first prefill's chunk step after step, with a decode at a history deep enough to fill any bound."""
+    budget = paced_budget(model, bound_ms)
+    chunks = []
+    for _ in range(steps):
+        budget.start()
+        budget.decoding(True)
+        budget.reserve_decodes([("d", 1, 10**9)])
+        chunk = budget.grant(0, 60_000, 8192, "long")
+        if chunk:
+            budget.charge("long", chunk, 0)
+        budget.settle({"d", "long"} if chunk else {"d"})
+        chunks.append(chunk)
+    return chunks
+
+
+def test_when_decodes_fill_the_bound_a_prefill_still_advances_by_the_floor_once_a_pipeline_round(model):
+    assert floors_given(model, 1.0, 12) == [64, 0, 0, 0] * 3
+    assert floors_given(model, None, 4) == [64] * 4  # without a target, every step (as before)
+
+
+def policy_with_target(model, bound_ms):
+    rule_limits = ChunkLimits(**{**LIMITS.__dict__, "decode_step_ms": bound_ms})
+    return CppPolicy(model, rule_limits, STAGES, asynchronous=False, calibration_window=32)
+
+
+def finish_timed(policy, paced: bool, measured_over_predicted: float) -> None:
+    budget = policy.budget
+    budget.start()
+    budget.decoding(paced)
+    budget.reserve_decodes([("d", 1, 2000)])
+    budget.charge("p", 512, 4000)
+    output = SimpleNamespace()
+    policy.scheduled(output, timed=True)
+    policy.finished(output, budget.predicted_ms() * measured_over_predicted)
+
+
+def test_timed_steps_within_the_bound_keep_it_in_measured_time_and_others_do_not_move_it(model):
+    policy = policy_with_target(model, 20.0)
+    for _ in range(cpp_policy.PACE_MIN_STEPS + 2):
+        finish_timed(policy, paced=False, measured_over_predicted=2.0)  # steps with no decode: not the pace
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0)
+    for _ in range(cpp_policy.PACE_MIN_STEPS):
+        finish_timed(policy, paced=True, measured_over_predicted=1.1)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.1)
+    for _ in range(20):  # however slow the device, the pace moves the bound by at most MAX_PACE_FACTOR
+        finish_timed(policy, paced=True, measured_over_predicted=10.0)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -89,7 +90,8 @@ def validate_args(args: argparse.Namespace) -> None:
     validate_workload_args(args)
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
-    parse_chunks(args.sweep, "--sweep")
+    if args.sweep is not None:
+        parse_chunks(args.sweep, "--sweep")
     if args.tune_base_chunks is not None:
         parse_chunks(args.tune_base_chunks, "--tune-base-chunks")
     if args.tune_smooth_factors is not None:
@@ -122,8 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk", type=tokens_option, default=8192, help="max_num_batched_tokens / CPP base chunk")
     p.add_argument(
         "--sweep",
-        default=",".join(str(c) for c in pol.FIXED_SWEEP_TOKENS),
-        help="fixed chunk sizes searched for tuned fixed",
+        default=None,
+        help="fixed chunk sizes searched for tuned fixed (default 128..32768; with --slo-tpot-ms 64..32768 in\n"
+        "1-1.5-2 steps, for the SLO-tuned fixed chunk too)",
     )
     p.add_argument("--policies", default="fixed,tuned,upstream,ours", help="subset of fixed,tuned,upstream,ours")
     p.add_argument("--smooth-factor", type=float, default=None, help="CPP smooth_factor (default: each scheduler's)")
@@ -159,6 +162,8 @@ def cpp_options(args: argparse.Namespace) -> dict[str, Any]:
         options["smooth_factor"] = args.smooth_factor
     if args.min_chunk is not None:
         options["min_chunk"] = args.min_chunk
+    if getattr(args, "slo_tpot_ms", None) is not None:
+        options["target_tpot_ms"] = args.slo_tpot_ms  # ours keeps to the bound goodput is judged by
     return options
 
 
@@ -174,7 +179,12 @@ def comparison_policies(args: argparse.Namespace) -> tuple[list[pol.Policy], lis
         raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
     notes = []
     # Tuned fixed chunks share the deployment's token budget (max_num_batched_tokens = --chunk), as CPP does.
-    sweep = sorted({c for c in parse_chunks(args.sweep, "--sweep") if c <= args.chunk} | {args.chunk})
+    sweep_text = args.sweep
+    if sweep_text is None:  # with a TPOT bound the small chunks matter: the SLO-tuned chunk is often one of them
+        sweep_text = ",".join(
+            map(str, pol.SLO_SWEEP_TOKENS if args.slo_tpot_ms is not None else pol.FIXED_SWEEP_TOKENS)
+        )
+    sweep = sorted({c for c in parse_chunks(sweep_text, "--sweep") if c <= args.chunk} | {args.chunk})
     policies: list[pol.Policy] = []
     if "tuned" in wanted:
         policies += [pol.fixed(c) for c in sweep]
@@ -196,8 +206,10 @@ def summarize_case(
     chunk_tokens: int,
     wanted: set[str],
     computed: Sequence[Figures | None] | None = None,
+    slo_tpot_ms: float | None = None,
 ) -> tuple[list[Figures], Figures | None, Figures | None, list[str]]:
-    """Rows to print: vLLM fixed, tuned fixed, upstream, ours; plus failures as notes.
+    """Rows to print: vLLM fixed, tuned fixed, SLO-tuned fixed (with ``slo_tpot_ms``), upstream, ours;
+    plus failures as notes.
 
     ``computed``: each result's figures, if already computed (``all_figures``)."""
     notes, fixed_rows = [], []
@@ -222,10 +234,23 @@ def summarize_case(
     if fixed_rows and "tuned" in wanted:
         best_chunk, best = min(fixed_rows, key=lambda item: (item[1].ttft_mean_ms, item[0]))
         tuned = Figures(**{**asdict(best), "name": f"tuned-fixed-{best_chunk}"})
+    slo_tuned = None
+    if fixed_rows and "tuned" in wanted and slo_tpot_ms is not None:
+        slo_chunk, slo_best = slo_tuned_fixed(fixed_rows, slo_tpot_ms)
+        slo_tuned = Figures(**{**asdict(slo_best), "name": f"slo-tuned-fixed-{slo_chunk}"})
     if default is not None and "fixed" in wanted:
         rows.append(Figures(**{**asdict(default), "name": f"vllm-fixed-{chunk_tokens}"}))
-    rows += [f for f in (tuned, upstream, ours) if f is not None]
+    rows += [f for f in (tuned, slo_tuned, upstream, ours) if f is not None]
     return rows, tuned, upstream, notes
+
+
+def slo_tuned_fixed(fixed_rows: Sequence[tuple[int, Figures]], tpot_ms: float) -> tuple[int, Figures]:
+    """The fixed chunk a user tunes for a TPOT bound: the least mean TTFT among the chunks whose TPOT P99
+    is within ``tpot_ms``; when none is, the least TPOT P99 (ties: the smaller chunk)."""
+    meeting = [(c, f) for c, f in fixed_rows if f.tpot_p99_ms is not None and f.tpot_p99_ms <= tpot_ms]
+    if meeting:
+        return min(meeting, key=lambda item: (item[1].ttft_mean_ms, item[0]))
+    return min(fixed_rows, key=lambda item: (math.inf if item[1].tpot_p99_ms is None else item[1].tpot_p99_ms, item[0]))
 
 
 def case_optimum(surface, setup: pol.Setup, base_chunk_tokens: int) -> Optimum | None:
@@ -282,12 +307,15 @@ def _run(args: argparse.Namespace) -> int:
     problems = []
     for (setup, _), results in zip(cases, all_results, strict=True):
         computed = all_figures(results, setup.num_stages)
-        rows, tuned, upstream, case_notes = summarize_case(results, setup.num_stages, args.chunk, wanted, computed)
+        show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
+        slo_tpot_ms = args.slo_tpot_ms if show_tpot else None
+        rows, tuned, upstream, case_notes = summarize_case(
+            results, setup.num_stages, args.chunk, wanted, computed, slo_tpot_ms
+        )
         best = case_optimum(surface, setup, args.chunk)
         case_problems = run_problems(results, setup.num_stages, computed)
         problems += [f"{setup.workload.name} P={setup.num_stages}: {p}" for p in case_problems]
         title = f"\n== {setup.workload.name}, P={setup.num_stages}, {len(setup.workload.requests)} request(s) =="
-        show_tpot = any(r.max_output_tokens > 1 for r in setup.workload.requests)
         slo = slo_for(args, surface, setup.num_stages) if show_tpot else None
         print(format_table(title, rows, tuned, upstream, show_tpot, best.lower_ms if best else None, slo))
         if slo is not None:

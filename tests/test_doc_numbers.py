@@ -18,6 +18,7 @@ from vllm_ascend.core import (
     cpp_chunk_rule,
     cpp_planner,
     cpp_policy,
+    cpp_profile_store,
     cpp_profiling,
     cpp_samples,
     cpp_step_budget,
@@ -92,9 +93,48 @@ def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
     says("docs/cpp.md", f"each candidate tile ({min(tiles)} to {max(tiles)} tokens), without history")
 
 
+def test_the_cpp_docs_cost_of_the_profile_is_the_default_plans():
+    d = parse_cpp_config({})
+    ladder = cpp_profiling.chunk_ladder(8192, d.profile_points)
+    plan = cpp_profiling.profile_plan(
+        base_chunk_tokens=8192,
+        points=d.profile_points,
+        repeats=d.profile_repeats,
+        history_points=d.profile_history_points,
+        max_history_tokens=16 * 8192,
+    )
+    one_pass = plan[: len(plan) // d.profile_repeats]
+    grid = [(c, h) for h in cpp_profiling.history_levels(16 * 8192, d.profile_history_points) for c in ladder]
+    probe = one_pass[len(grid) :]
+    assert one_pass[: len(grid)] == grid
+    passes = sum(ladder) / 8192
+    top, small = ladder[-4:], [c for c in ladder if c <= 512]
+    assert round(sum(top) / sum(ladder), 2) == 0.75
+    says(
+        "docs/cpp.md",
+        f"the default ladder adds up to {sum(ladder):,} tokens, {passes:.1f} base chunks, three quarters of them in "
+        f"its four largest sizes ({top[0]} to {top[-1]})",
+    )
+    says(
+        "docs/cpp.md",
+        f"the ladder's {len(small)} sizes of 512 tokens or less hold {sum(small):,} tokens and the tile probe's "
+        f"{len(probe)} runs a pass {sum(c for c, _ in probe):,}",
+    )
+    per_pass = round(passes, 1)
+    says(
+        "docs/cpp.md",
+        f"x {per_pass:g} forward passes of the base chunk, from no history to the deepest "
+        f"({(d.profile_history_points + 1) * d.profile_repeats * per_pass:.0f} at the defaults), plus {len(plan)} "
+        "steps' fixed cost",
+    )
+    share, every = cpp_profiling.PROGRESS_SHARE, cpp_profiling.PROGRESS_EVERY_S
+    assert share == 0.1
+    says("docs/cpp.md", f"(at most one every tenth of the runs and every {every:g} s: a quick profile logs none)")
+
+
 def test_the_cpp_docs_thresholds_are_the_codes():
     a, c = cpp_acceptance, cpp_calibration
-    says("docs/cpp.md", f"histories from none to at least {SHARES[cpp_profiling.CACHED_HISTORY_COVERAGE]} of what")
+    says("docs/cpp.md", f"histories from none to at least {SHARES[cpp_profile_store.CACHED_HISTORY_COVERAGE]} of what")
     says(
         "docs/cpp.md",
         f"by more than {a.FALL_SIGMAS:g} times the measured scatter between repeats of one point (and more than "
@@ -170,7 +210,7 @@ def test_the_twin_docs_numbers_are_the_codes():
     *_, runs = profile_runs(8192, defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points)
     warm_up = cpp_profiling.WARMUP_RUNS
     says("docs/cpp-twin.md", f"ours: {runs + warm_up} profiling runs; latency model from profiled ({runs} runs after")
-    says("docs/cpp-twin.md", f"({runs} runs after {warm_up} warm-up)")
+    says("docs/cpp-twin.md", f"({runs} runs after {warm_up} warm-up in ")
     names = sorted(set(re.findall(r"`stress:([\w-]+)`", (ROOT / "docs/cpp-twin.md").read_text())))
     assert names == sorted(stress.STRESS_SURFACES)
     assert cpp_samples.MAX_TOKENS == 2**30

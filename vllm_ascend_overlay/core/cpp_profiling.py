@@ -4,21 +4,21 @@
 or, when the data cannot give one, the fixed chunk to run instead:
 
 1. A cached profile whose fingerprint matches (core/cpp_profile_store.py), measured as a
-   fresh one is (``check_coverage``: chunks from 1 token to the base chunk, histories from
-   none to at least ``CACHED_HISTORY_COVERAGE`` of what this engine will use; the model
-   continues beyond what was measured) and holding no more than a fresh one makes
-   (``check_size``: samples, and runs of any one point), is adopted when its samples pass
-   the same judgement as a fresh profile (core/cpp_acceptance.py): no profiling run.
+   fresh one is (chunks from 1 token to the base chunk, histories from none to at least
+   half of what this engine will use: the model continues beyond what was measured) and
+   holding no more than a fresh one makes (``fresh_profile_size``), is adopted when its
+   samples pass the same judgement as a fresh profile (core/cpp_acceptance.py).
 2. Otherwise the workers run real forward passes: ``WARMUP_RUNS`` runs first (dropped),
    then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each
    round ``profile_repeats`` passes over every point, so a host whose speed drifts
    spreads the drift over every point instead of a few measured during a slow spell.
    If the judgement says the profile is too noisy to decide well (or its times fall
    beyond the scatter), one more round is measured and the judgement repeated on all
-   of them: a noisy host pays a longer start-up, a quiet one nothing.
+   of them: a noisy host pays a longer start-up, a quiet one nothing. A few INFO lines
+   tell how far it got and what is left (``Progress``); the verdict, how long it took.
 3. Each sample is the slowest worker's time (a run where any worker's answer is not a
-   measurement is dropped: ``measure_with_executor``). Under pipeline parallelism every stage
-   runs its own layers on dummy inputs and times only its own compute; the slowest
+   measurement is dropped: ``measure_with_executor``). Under pipeline parallelism every
+   stage runs its own layers on dummy inputs and times only its own compute; the slowest
    stage sets the pipeline's pace, so that is what a chunk costs the pipeline. Timed
    steps report the same quantity (worker/cpp_timing.py).
 4. An accepted profile is saved for the next start.
@@ -52,13 +52,14 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from time import monotonic
 from typing import Any
 
 from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verdict, flat_side, judge, untried_tile
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
-from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, load_profile, save_profile
+from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, check_cached, load_profile, save_profile
 from vllm_ascend.core.cpp_samples import SampleError, admitted, check_latency
 from vllm_ascend.log_adapter import get_logger
 
@@ -70,9 +71,10 @@ PROFILE_RPC_TIMEOUT_S = 300.0
 EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy to decide well
 SMALLEST_LADDER_CHUNK = 32
 PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
-CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use
 LOCATE_RUNS = 8  # runs at most to place steps' jumps (the default profile stays within 218 runs)
 LOCATE_UNSURE = 2.0  # a size within this many scatters of a jump's middle is measured once more
+PROGRESS_SHARE = 0.1  # a progress line at most every tenth of the planned runs ...
+PROGRESS_EVERY_S = 10.0  # ... and at most one every 10 s: a profile of a few seconds logs none
 
 MeasureFn = Callable[[int, int], float]
 
@@ -177,13 +179,6 @@ def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TI
     return measure
 
 
-def collect_samples(measure: MeasureFn, plan: Sequence[tuple[int, int]], warmup: tuple[int, int] | None) -> list:
-    """Warm-up runs (dropped; none if ``warmup`` is None), then every planned run as (chunk, history, ms)."""
-    for _ in range(WARMUP_RUNS if warmup is not None else 0):
-        measure(*warmup)
-    return [(chunk, history, measure(chunk, history)) for chunk, history in plan]
-
-
 def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     """Runs that place each step's jump (``model.steps``, lowest first): a bisection of its segment.
 
@@ -237,6 +232,48 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     return samples
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds:.1f} s" if seconds < 60 else f"{int(seconds) // 60} min {int(seconds) % 60} s"
+
+
+class Progress:
+    """The start-up profile at INFO while it runs: runs done of planned, the time so far and what is
+    left at the pace so far; at most one line every ``PROGRESS_SHARE`` of the planned runs and every
+    ``PROGRESS_EVERY_S`` seconds, so a profile of minutes logs a few lines, never one a run."""
+
+    def __init__(self, planned: int) -> None:
+        self.planned, self.done, self.started, self.last_line = 0, 0, monotonic(), monotonic()
+        self.paced_from: float | None = None  # the first counted run's start: warm-up is not the pace
+        self.plan(planned)
+
+    def plan(self, runs: int) -> None:
+        """``runs`` more planned (a second round); the next line a share of all of them from here."""
+        self.planned += runs
+        self.next_line = self.done + math.ceil(PROGRESS_SHARE * self.planned)
+
+    def elapsed(self) -> str:
+        return _duration(monotonic() - self.started)
+
+    def counted(self, measure: MeasureFn) -> MeasureFn:
+        def run(chunk_tokens: int, history_tokens: int) -> float:
+            if self.paced_from is None:
+                self.paced_from = monotonic()
+            latency_ms = measure(chunk_tokens, history_tokens)
+            self.done += 1
+            now = monotonic()
+            if self.next_line <= self.done < self.planned and now - self.last_line >= PROGRESS_EVERY_S:
+                self.plan(0)
+                self.last_line = now
+                left = (now - self.paced_from) / self.done * (self.planned - self.done)
+                logger.info(
+                    "[CPP] start-up profile: %d of %d runs done in %s, about %s left at this pace",
+                    self.done, self.planned, _duration(now - self.started), _duration(left),
+                )  # fmt: skip
+            return latency_ms
+
+        return run
+
+
 @dataclass(frozen=True)
 class StartUp:
     """What start-up gives the scheduler: a verdict, the samples behind it and where they came from."""
@@ -250,35 +287,11 @@ def _no_model(reason: str) -> StartUp:
     return StartUp(Verdict(None, None, False, reason), [], None)
 
 
-def check_coverage(samples: list, base_chunk_tokens: int, max_history_tokens: int) -> None:
-    """ProfileCacheError unless a cached profile spans what the decisions read, as a fresh one
-    does: chunks from one token to the base chunk, histories from none to at least
-    ``CACHED_HISTORY_COVERAGE`` of the deepest this engine uses."""
-    smallest, largest = min(chunk for chunk, _, _ in samples), max(chunk for chunk, _, _ in samples)
-    shallowest, deepest = min(h for _, h, _ in samples), max(h for _, h, _ in samples)
-    if smallest > 1 or largest < base_chunk_tokens:
-        raise ProfileCacheError(f"chunks {smallest}..{largest} measured, not 1..{base_chunk_tokens}")
-    if shallowest > 0:
-        raise ProfileCacheError(f"no chunk measured without history (the shallowest is {shallowest} tokens)")
-    if deepest < CACHED_HISTORY_COVERAGE * max_history_tokens:
-        raise ProfileCacheError(f"measured to {deepest} tokens of history, this engine uses {max_history_tokens}")
-
-
-def check_size(samples: list, plan: Sequence[tuple[int, int]]) -> None:
-    """ProfileCacheError unless a cached profile holds no more than a fresh one of ``plan`` makes: every
-    round (the plan and ``EXTRA_ROUNDS`` more) and every run placing steps, in all and of any one point."""
+def fresh_profile_size(plan: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The most samples a fresh profile of ``plan`` makes, and the most runs of any one point: every round
+    (the plan and ``EXTRA_ROUNDS`` more) and every run placing steps (a cached one may hold no more)."""
     rounds = 1 + EXTRA_ROUNDS
-    most = len(plan) * rounds + LOCATE_RUNS
-    if len(samples) > most:
-        raise ProfileCacheError(f"{len(samples)} samples, more than the {most} a fresh profile of these settings makes")
-    runs = Counter((chunk, history) for chunk, history, _ in samples)
-    (chunk, history), repeats = max(runs.items(), key=lambda item: item[1])
-    most_of_one = max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
-    if repeats > most_of_one:
-        raise ProfileCacheError(
-            f"{repeats} runs of {chunk} tokens after {history} of history, more than the {most_of_one} "
-            "a fresh profile of these settings makes of one point"
-        )
+    return len(plan) * rounds + LOCATE_RUNS, max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
 
 
 def initialise_profile(
@@ -307,8 +320,7 @@ def initialise_profile(
         try:
             cached = load_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens)
             if cached is not None:
-                check_size(cached, plan)
-                check_coverage(cached, base_chunk_tokens, max_history_tokens)
+                check_cached(cached, base_chunk_tokens, max_history_tokens, *fresh_profile_size(plan))
                 verdict = judge(cached, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
                 if verdict.model is None:
                     raise ProfileCacheError(verdict.reason)
@@ -318,16 +330,29 @@ def initialise_profile(
     if measure is None:
         return _no_model("no model executor to profile with")
     samples: list = []
+    progress = Progress(len(plan))
+    logger.info(
+        "[CPP] start-up profile: %d runs over %d points after %d warm-up runs (%d more if too noisy to decide, "
+        "up to %d to place steps)", len(plan), len(set(plan)), WARMUP_RUNS, len(plan) * EXTRA_ROUNDS, LOCATE_RUNS,
+    )  # fmt: skip
+    counted = progress.counted(measure)
     for attempt in range(1 + EXTRA_ROUNDS):
         try:
-            samples += collect_samples(measure, plan, warmup=(base_chunk_tokens, 0) if attempt == 0 else None)
+            for _ in range(WARMUP_RUNS if attempt == 0 else 0):
+                measure(base_chunk_tokens, 0)
+            samples += [(chunk, history, counted(chunk, history)) for chunk, history in plan]
         except Exception as error:  # a worker failed or timed out: degrade, never take the server down
-            return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
+            failed = f"{type(error).__name__}: {error}; {progress.done} runs in {progress.elapsed()}"
+            return _no_model(f"start-up profiling failed ({failed})")
         last_round = attempt == EXTRA_ROUNDS
         verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=last_round)
         if not verdict.noisy:
             break
-        logger.info("[CPP] start-up profile: %s; measuring the same %d runs once more", verdict.reason, len(plan))
+        progress.plan(len(plan))
+        logger.info(
+            "[CPP] start-up profile: a second round, the same %d runs once more (%d of %d done in %s), because %s",
+            len(plan), progress.done, progress.planned, progress.elapsed(), verdict.reason,
+        )  # fmt: skip
     if verdict.model is not None and verdict.model.steps:
         try:
             located = locate_runs(measure, verdict.model, config.profile_repeats)
@@ -336,7 +361,10 @@ def initialise_profile(
         if located:
             samples += located
             verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
-    source = f"profiled ({len(samples)} runs after {WARMUP_RUNS} warm-up)"
+    took = f"{len(samples)} runs after {WARMUP_RUNS} warm-up in {progress.elapsed()}"
+    source = f"profiled ({took})"
+    if verdict.model is None:  # (its line names the reason only)
+        verdict = replace(verdict, reason=f"{verdict.reason}; profiled: {took}")
     if verdict.model is not None and path is not None:
         try:
             kept, _ = admitted(samples)  # (a run that was not a measurement would make the file unreadable)

@@ -9,8 +9,12 @@ ranks computed, never how fast.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import conftest
@@ -256,6 +260,80 @@ def test_a_rank_left_waiting_by_a_failed_peer_is_stopped_and_the_failure_named(t
         command.run_ranks({}, tmp_path, timeout_s=60, module="dual_stream.stuck_rank")
     assert (tmp_path / "rank1.log").read_text().strip().endswith("(killed: its peer failed)"), "not the deadline"
     assert "killed" not in (tmp_path / "rank0.log").read_text()
+
+
+def _processes_under(folder) -> list[int]:
+    """Pids of the live processes whose command line names ``folder`` (the ranks get paths in it)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if str(folder).encode() in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def _wait_for(found, what: str, driver, seconds: float = 300.0):
+    """Poll ``found()`` until it is truthy while ``driver`` runs; fail naming ``what`` after ``seconds`` (a guard)."""
+    until = time.monotonic() + seconds
+    while not (value := found()):
+        assert driver.poll() is None, f"the command ended ({driver.returncode}) before {what}: {driver.stderr.read()}"
+        assert time.monotonic() < until, f"not {what} after {seconds:.0f} s"
+        time.sleep(0.2)
+    return value
+
+
+def _stop_and_check(driver, tmp, signum, ready):
+    """Signal ``driver`` once ``ready`` holds; it must exit 128 + signum, its ranks gone, ``tmp`` empty."""
+    try:
+        ranks = _wait_for(lambda: ready() and _processes_under(tmp), "both ranks started", driver)
+        driver.send_signal(signum)
+        _out, err = driver.communicate(timeout=120)
+        assert driver.returncode == 128 + signum, err[-4000:]
+        assert f"stopped by {signal.Signals(signum).name}" in err and "Traceback" not in err, err[-4000:]
+        assert [pid for pid in ranks if pid in _processes_under(tmp)] == [], "a rank outlived the command"
+        left = [p.name for p in tmp.iterdir() if p.name.startswith(("ds-bench-", "dsbench-"))]
+        assert left == [], "the command's or a rank's temporary folder stays"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid in _processes_under(tmp):  # only what this test started: its command lines name tmp
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_stops_both_ranks_and_removes_the_temporary_folder(tmp_path, signum):
+    """One rank exits on SIGTERM, the other ignores it and is killed after the grace period."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = (
+        "import functools, sys\n"
+        "from vllm_ascend_patchset.dsbench import command\n"
+        "command.STOP_GRACE_S = 1.0\n"
+        "command.run_ranks = functools.partial(command.run_ranks, module='dual_stream.sleeping_rank')\n"
+        f"sys.exit(command.main(['--quick', '--preset', 'bare', '--out', {str(tmp_path / 'out.json')!r}]))\n"
+    )
+    path = os.pathsep.join([str(conftest.ROOT / "scripts"), str(conftest.ROOT / "tests")])
+    driver = subprocess.Popen([sys.executable, "-c", script], cwd=conftest.ROOT, text=True,
+                              env={**_env(), "PYTHONPATH": path, "TMPDIR": str(tmp)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    _stop_and_check(driver, tmp, signum, lambda: len(list(tmp.glob("ds-bench-*/rank*.ready"))) == 2)
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_sigterm_stops_the_real_ranks_and_leaves_no_folder_of_theirs(tmp_path):
+    """``timeout`` or a cancelled CI job: the model-building ranks go, and so do their own folders."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    argv = ["--quick", "--repeats", "1", "--gate-repeats", "1", "--preset", "bare", "--out", str(tmp_path / "o.json")]
+    driver = subprocess.Popen([sys.executable, "-m", "vllm_ascend_patchset", "ds-bench", *argv], cwd=conftest.ROOT,
+                              env={**_env(), "PYTHONPATH": str(conftest.ROOT / "scripts"), "TMPDIR": str(tmp)},
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    _stop_and_check(driver, tmp, signal.SIGTERM, lambda: len(list(tmp.glob("**/model/config.json"))) == 2)
 
 
 def test_a_quick_run_prints_every_table_and_the_dual_stream_outputs_equal_single_streams(tmp_path):

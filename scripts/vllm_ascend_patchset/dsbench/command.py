@@ -5,13 +5,20 @@ prints per link preset the measured gate's decision and the figures of every bat
 (``report``), with the machine's load average before and after: the ranks share the
 host's cores with whatever else runs, which the interleaved rounds and the ratios absorb
 but the absolute times do not.
+
+SIGTERM or SIGINT (``timeout``, a cancelled CI job, Ctrl-C) stops the run in order: the
+ranks get SIGTERM, then SIGKILL after ``STOP_GRACE_S``, the temporary folder goes, and the
+command exits with 128 + the signal's number, writing no result.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +32,42 @@ from . import report
 
 WORLD = 2
 PEER_GRACE_S = 30.0
+STOP_GRACE_S = 5.0  # a rank's time to exit on SIGTERM before it is killed
+# vLLM binds IPC sockets at TMPDIR/<uuid4>, and a socket's path holds at most 107 bytes
+IPC_DIR_MAX = 107 - 1 - 36
+
+
+class Stopped(Exception):
+    """The run was stopped by a signal; its ranks are gone."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+class StopSignals:
+    """SIGTERM and SIGINT noted rather than raised while installed, so cleanup is never cut short.
+
+    ``run_ranks`` polls ``signum`` and stops the ranks; a second signal changes nothing.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> StopSignals:
+        self._previous = {s: signal.signal(s, self._note) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _note(self, signum: int, _frame) -> None:
+        if self.signum is None:
+            self.signum = signum
 
 
 def _positive(kind):
@@ -109,6 +152,15 @@ def plan_of(args: argparse.Namespace) -> dict:
     }
 
 
+def _inductor_cache() -> str:
+    """The folder torch compiles its CPU helpers into by default (per user, under the temporary folder)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid_{os.getuid()}"
+    return str(Path(tempfile.gettempdir()) / f"torchinductor_{re.sub(r'[^A-Za-z0-9_.-]', '_', user)}")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -116,13 +168,19 @@ def _free_port() -> int:
 
 
 def run_ranks(
-    plan: dict, work: Path, timeout_s: float, module: str = "vllm_ascend_patchset.dsbench.rank"
+    plan: dict,
+    work: Path,
+    timeout_s: float,
+    module: str = "vllm_ascend_patchset.dsbench.rank",
+    stop: StopSignals | None = None,
 ) -> list[dict]:
     """Both ranks to completion; their results, or an error with their output.
 
     A rank still running at the deadline is killed; so is a rank left alone for
     ``PEER_GRACE_S`` after its peer failed (it would wait in a collective the failed rank
-    never joins).
+    never joins). Once ``stop`` notes a signal the ranks are stopped (``_stop``) and
+    ``Stopped`` is raised. Each rank runs in a session of its own, so a Ctrl-C reaches
+    this process alone and the ranks are stopped in order.
     """
     assembled = assembled_root()
     if not (assembled / "vllm_ascend" / "__init__.py").exists():
@@ -130,6 +188,9 @@ def run_ranks(
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(assembled), str(ROOT / "scripts"), env.get("PYTHONPATH", "")])
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if len(str(work)) <= IPC_DIR_MAX:  # what vLLM leaves in TMPDIR when a rank is stopped goes with this folder
+        env["TMPDIR"] = str(work)
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache())  # torch's cache stays where it is kept warm
     (work / "plan.json").write_text(json.dumps(plan))
     port = _free_port()
     procs, killed = [], {}
@@ -137,26 +198,28 @@ def run_ranks(
         command = [sys.executable, "-m", module, str(rank), str(WORLD), str(port),
                    str(work / "plan.json"), str(work / f"rank{rank}.json")]  # fmt: skip
         with open(work / f"rank{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(subprocess.Popen(command, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True))  # fmt: skip
     deadline, failed_at = time.monotonic() + timeout_s, None
     try:
         while any(proc.poll() is None for proc in procs):
+            if stop is not None and stop.signum is not None:
+                break
             now = time.monotonic()
             if failed_at is None and any(proc.poll() not in (None, 0) or _failed(work, r) for r, proc in
                                          enumerate(procs) if proc.poll() is not None):  # fmt: skip
                 failed_at = now
             for rank, proc in enumerate(procs):
                 if proc.poll() is None and (now > deadline or (failed_at and now - failed_at > PEER_GRACE_S)):
-                    proc.kill()
+                    os.killpg(proc.pid, signal.SIGKILL)  # its session: what it started goes too
                     killed[rank] = "--timeout-s" if now > deadline else "its peer failed"
                     with open(work / f"rank{rank}.log", "a") as log:
                         log.write(f"\n(killed: {killed[rank]})\n")
             time.sleep(0.2)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        _stop(procs)
+    if stop is not None and stop.signum is not None:
+        raise Stopped(stop.signum)
     results = []
     for rank in range(WORLD):
         output = (work / f"rank{rank}.log").read_text(errors="replace")[-4000:]
@@ -168,6 +231,22 @@ def run_ranks(
             raise RuntimeError(f"rank {rank} failed:\n" + "\n".join(result["errors"]))
         results.append(result)
     return results
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to every running rank's process group, SIGKILL to what is left after ``STOP_GRACE_S``; reaped."""
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, None)):
+        for proc in procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, sig)  # the rank leads its own session: anything it started goes too
+                except ProcessLookupError:
+                    pass
+        until = time.monotonic() + (grace or 0.0)
+        while time.monotonic() < until and any(proc.poll() is None for proc in procs):
+            time.sleep(0.05)
+    for proc in procs:
+        proc.wait()
 
 
 def _failed(work: Path, rank: int) -> bool:
@@ -230,17 +309,25 @@ def main(argv: list[str] | None = None) -> int:
     plan = plan_of(args)
     load_before = os.getloadavg()
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ds-bench-") as work:
+    with StopSignals() as stop:
         try:
-            results = run_ranks(plan, Path(work), args.timeout_s)
+            with tempfile.TemporaryDirectory(prefix="ds-bench-") as work:
+                results = run_ranks(plan, Path(work), args.timeout_s, stop=stop)
+        except Stopped as stopped:
+            print(f"ds-bench: {stopped}: the ranks are stopped and the temporary folder removed; no result written",
+                  file=sys.stderr)  # fmt: skip
+            return 128 + stopped.signum
         except RuntimeError as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-    seconds = time.monotonic() - started
-    text, _failures = render(results, plan, load_before, os.getloadavg(), seconds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"plan": plan, "ranks": results, "load_before": load_before,
-                                    "load_after": os.getloadavg(), "seconds": seconds}))  # fmt: skip
-    print(text)
-    print(f"raw results: {args.out}")
+        seconds = time.monotonic() - started
+        text, _failures = render(results, plan, load_before, os.getloadavg(), seconds)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"plan": plan, "ranks": results, "load_before": load_before,
+                                        "load_after": os.getloadavg(), "seconds": seconds}))  # fmt: skip
+        print(text)
+        print(f"raw results: {args.out}")
+    if stop.signum is not None:  # met after the ranks had finished: the result is whole, the exit says so
+        print(f"ds-bench: {signal.Signals(stop.signum).name} received while writing the result", file=sys.stderr)
+        return 128 + stop.signum
     return 0

@@ -358,7 +358,8 @@ def main(rank: int, world: int, port: int, plan_path: str, out_path: str) -> Non
     plan = json.loads(Path(plan_path).read_text())
     result: dict = {"rank": rank, "errors": []}
     try:
-        with tempfile.TemporaryDirectory(prefix=f"dsbench-rank{rank}-") as work:
+        # in the command's folder (OUT's), which the command removes even when this rank is killed
+        with tempfile.TemporaryDirectory(prefix=f"rank{rank}-", dir=Path(out_path).parent) as work:
             bench = Bench(rank, world, port, plan, Path(work))
             result.update(run(bench, plan))
     except bench_cases.LinkSettingError as error:  # names the flag: no traceback needed

@@ -235,7 +235,14 @@ def test_rounds_a_busy_host_slowed_do_not_move_the_figures():
     [
         (["--preset", "comm35,fast"], "--preset: unknown fast; choose from bare, comm20, comm35, comm55"),
         (["--preset", ","], "--preset: name at least one preset, or give --beta-gbps"),
-        (["--alpha-us", "-1"], "--alpha-us must be >= 0"),
+        (["--alpha-us", "-1"], "argument --alpha-us: must be a number in [0, 10000], got -1"),
+        (["--alpha-us", "nan"], "argument --alpha-us: must be a number in [0, 10000], got nan"),
+        (["--alpha-us", "inf"], "argument --alpha-us: must be a number in [0, 10000], got inf"),
+        (["--alpha-us", "2e4"], "argument --alpha-us: must be a number in [0, 10000], got 2e4"),
+        (["--beta-gbps", "1e-300"], "argument --beta-gbps: must be a number in [0.01, 10000], got 1e-300"),
+        (["--beta-gbps", "inf"], "argument --beta-gbps: must be a number in [0.01, 10000], got inf"),
+        (["--beta-gbps", "nan"], "argument --beta-gbps: must be a number in [0.01, 10000], got nan"),
+        (["--beta-gbps", "0"], "argument --beta-gbps: must be a number in [0.01, 10000], got 0"),
         (["--repeats", "0"], "--repeats: must be > 0"),
         (["--beta-gbps", "fast"], "--beta-gbps: must be a number"),
         (["--cases", "prompts:2x2600,prompts:9x9"], "--cases: unknown prompts:9x9; choose from prompts:2x128"),
@@ -245,6 +252,36 @@ def test_bad_flags_are_refused_naming_the_flag(capsys, argv, message):
     with pytest.raises(SystemExit) as info:
         command.parse_args(argv)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_link_flag_out_of_range_stops_the_command_before_any_rank_starts(capsys, monkeypatch):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(command, "run_ranks", no_ranks)
+    with pytest.raises(SystemExit) as info:
+        command.main(["--quick", "--beta-gbps", "1e-300"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--beta-gbps: must be a number in [0.01, 10000]" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        command.parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "us, in [0, 10000]: 0 is a link of bandwidth alone" in shown, "the help states the range and why"
+    assert "GB/s, in [0.01, 10000]: below 10 MB/s" in shown
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        (dict(alpha_s=float("nan")), "link alpha must be finite and >= 0 s"),
+        (dict(alpha_s=-1e-6), "link alpha must be finite and >= 0 s"),
+        (dict(beta=float("inf")), "link beta must be finite and > 0"),
+        (dict(beta=0.0), "link beta must be finite and > 0"),
+    ],
+)
+def test_a_link_no_wait_can_be_slept_on_is_refused(spec, message):
+    with pytest.raises(ValueError, match=message):
+        LinkSpec(**spec)
 
 
 def test_a_bandwidth_of_ones_own_adds_a_custom_link():

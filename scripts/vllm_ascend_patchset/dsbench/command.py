@@ -83,6 +83,27 @@ def _positive(kind):
     return parse
 
 
+# The emulated link's flags: finite, and within what a device interconnect can be, so the emulated
+# waits stay finite and the figures mean something. Zero latency is a link of bandwidth alone.
+ALPHA_US_RANGE = (0.0, 10_000.0)  # 10 ms per message is slower than any collective's launch across nodes
+# 10 MB/s: a 16k-token batch's 16 MB all-reduce then takes 1.6 s, a forward of it half a minute;
+# 10 TB/s is past any device link, and its wire time vanishes beside alpha
+BETA_GBPS_RANGE = (0.01, 10_000.0)
+
+
+def _within(low: float, high: float):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        if not low <= value <= high:  # NaN fails both
+            raise argparse.ArgumentTypeError(f"must be a number in [{low:g}, {high:g}], got {text}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="vllm-ascend-patchset ds-bench", description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -90,9 +111,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="bare,comm20,comm35,comm55",
         help=f"comma-separated link presets, of {', '.join(bench_cases.PRESETS)} (default: all)",
     )
-    parser.add_argument("--alpha-us", type=float, default=bench_cases.ALPHA_S * 1e6, help="per-message latency, us")
     parser.add_argument(
-        "--beta-gbps", type=_positive(float), help="also run a 'custom' link of --alpha-us and this bandwidth, GB/s"
+        "--alpha-us",
+        type=_within(*ALPHA_US_RANGE),
+        default=bench_cases.ALPHA_S * 1e6,
+        help=f"per-message latency of the emulated links, us, in [{ALPHA_US_RANGE[0]:g}, {ALPHA_US_RANGE[1]:g}]: "
+        "0 is a link of bandwidth alone, 10 ms is slower than any collective's launch across nodes "
+        f"(default {bench_cases.ALPHA_S * 1e6:g})",
+    )
+    parser.add_argument(
+        "--beta-gbps",
+        type=_within(*BETA_GBPS_RANGE),
+        help="also run a 'custom' link of --alpha-us and this bandwidth, GB/s, in "
+        f"[{BETA_GBPS_RANGE[0]:g}, {BETA_GBPS_RANGE[1]:g}]: below 10 MB/s one forward of a large batch takes "
+        "minutes on the link, and 10 TB/s is past any device interconnect",
     )
     parser.add_argument(
         "--link-data",
@@ -125,8 +157,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          f"{', '.join(bench_cases.BY_NAME)}")  # fmt: skip
         chosen = [bench_cases.BY_NAME[n] for n in wanted]
     args.case_names = [c.name for c in chosen]
-    if args.alpha_us < 0:
-        parser.error(f"--alpha-us must be >= 0, got {args.alpha_us}")
     if args.beta_gbps is not None:
         names.append("custom")
     if not names:

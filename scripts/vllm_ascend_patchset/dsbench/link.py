@@ -28,6 +28,7 @@ Bench code: not part of the package (``NpuStreamBackend`` is what serves on Asce
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ class LinkSpec:
     def __post_init__(self) -> None:
         if self.data not in DATA_MODES:
             raise ValueError(f"link data must be one of {DATA_MODES}, got {self.data!r}")
+        if not 0 <= self.alpha_s < math.inf:  # NaN fails too; a wait of inf or NaN seconds cannot be slept
+            raise ValueError(f"link alpha must be finite and >= 0 s, got {self.alpha_s!r}")
+        if self.beta is not None and not 0 < self.beta < math.inf:
+            raise ValueError(f"link beta must be finite and > 0 bytes/s, or None, got {self.beta!r}")
 
     def wire_s(self, nbytes: int) -> float:
         return self.alpha_s + (nbytes / self.beta if self.beta else 0.0)

@@ -152,7 +152,9 @@ def test_the_probe_keeps_the_agreed_timings_not_its_own(clock):
 
 
 @pytest.mark.parametrize(
-    "agreed", [[1.0, math.inf], [math.nan, 1.0], [1.0, 0.0], [1.0]], ids=["inf", "nan", "zero", "short"]
+    "agreed",
+    [[1.0, math.inf], [math.nan, 1.0], [1.0, 0.0], [1.0, 1e-300], [1.0]],
+    ids=["inf", "nan", "zero", "below a microsecond", "short"],
 )
 def test_a_timing_no_rank_agrees_on_sets_the_fault_and_keeps_no_probe(clock, agreed):
     clock._agree = lambda values: agreed

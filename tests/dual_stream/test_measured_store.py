@@ -91,7 +91,9 @@ def _valid():
         (_valid() | {"probes": [[128, 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
         (_valid() | {"probes": [[128, True, 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
         (_valid() | {"probes": [[128, "1.0", 1.0]]}, "must be [size_class, single_s, dual_s] numbers"),
-        (_valid() | {"probes": [[128, 0.0, 1.0]]}, "a probe time must be in (0, 3600] s, got 0.0"),
+        (_valid() | {"probes": [[128, 0.0, 1.0]]}, "a probe time must be in [1e-06, 3600] s (no forward of a probe"),
+        (_valid() | {"probes": [[128, 1.0, 1e-300]]}, "batch takes less or more), got 1e-300"),
+        (_valid() | {"probes": [[128, 9.9e-7, 1.0]]}, "got 9.9e-07"),
         (_valid() | {"probes": [[128, -1.0, 1.0]]}, "a probe time must be in"),
         (_valid() | {"probes": [[128, 1.0, 1e9]]}, "a probe time must be in"),
         (json.dumps(_valid()).replace("1.1", "NaN"), "a probe time must be in"),
@@ -149,3 +151,51 @@ def test_each_pipeline_stage_keeps_its_own_probes():
     stage0, stage1 = (fingerprint(DEPLOYMENT, stage=s, **rules) for s in (0, 1))
     assert len({json.dumps(k, sort_keys=True) for k in (KEY, stage0, stage1)}) == 3
     assert stage0["dual_stream"]["pipeline_stage"] == 0 and "pipeline_stage" not in KEY["dual_stream"]
+
+
+def test_times_below_a_microsecond_are_broken_data_not_a_win_for_dual_stream(tmp_path):
+    """A forward of a probe batch cannot take 1e-300 s: such a file would turn dual stream on for every class."""
+    tiny = _valid() | {"probes": [[c, 1.0, 1e-300] for c in CLASSES[:6]]}
+    with pytest.raises(MeasuredCacheError, match="a probe time must be in"):
+        _load(_write(tmp_path / "probes.json", tiny))
+    floor = _valid() | {"probes": [[128, 1.0, measured_store.MIN_PROBE_SECONDS]]}
+    assert _load(_write(tmp_path / "probes.json", floor)) == [Probe(128, 1.0, 1e-6)], "the floor itself is a time"
+
+
+@pytest.mark.parametrize(
+    "probes, start",
+    [
+        ([[128, [1.0] * 150_000, 1.0]], "a probe must be [size_class, single_s, dual_s] numbers, got [128, [1.0, "),
+        ([[128, "x" * 900_000, 1.0]], "a probe must be [size_class, single_s, dual_s] numbers, got [128, 'xxx"),
+        ([[int("9" * 4000), 1.0, 1.0]], "size class <an integer of about 4000 digits> is not one of"),
+        ([[128, 1.0, int("9" * 4000)]], "a probe time must be in"),
+    ],
+    ids=["long list", "long string", "long class", "long time"],
+)
+def test_a_hand_edited_row_of_any_size_gives_a_short_message(tmp_path, probes, start):
+    path = _write(tmp_path / "probes.json", _valid() | {"probes": probes})
+    with pytest.raises(MeasuredCacheError) as info:
+        _load(path)
+    message = str(info.value)
+    assert message.startswith(start) and len(message) <= measured_store.MAX_MESSAGE_CHARS, message[:1000]
+
+
+def test_a_huge_schema_version_is_quoted_as_an_excerpt(tmp_path):
+    path = _write(tmp_path / "probes.json", _valid() | {"schema_version": "v" * 500_000})
+    with pytest.raises(MeasuredCacheError) as info:
+        _load(path)
+    assert str(info.value).startswith("schema_version 'vvv") and len(str(info.value)) < 300
+
+
+def test_a_refused_file_is_one_short_warning_naming_it_and_the_gate_measures_again(tmp_path, monkeypatch):
+    from vllm_ascend.dual_stream import measured_group
+
+    warnings = []
+    monkeypatch.setattr(measured_group.logger, "warning", lambda text, *args: warnings.append(text % args))
+    for name, probes in (("huge.json", [[128, [1.0] * 150_000, 1.0]]), ("tiny.json", [[128, 1.0, 1e-300]] * 2)):
+        path = _write(tmp_path / name, _valid() | {"probes": probes})
+        assert measured_group._read(path, KEY, CLASSES, 2) == []
+        assert MeasuredGate(CLASSES, 2, []).route(200) == "probe", "nothing adopted: the class is probed again"
+    assert len(warnings) == 2 and all(len(w) < 1000 for w in warnings), [w[:300] for w in warnings]
+    assert str(tmp_path / "huge.json") in warnings[0] and str(tmp_path / "tiny.json") in warnings[1]
+    assert "got 1e-300" in warnings[1] and warnings[1].endswith("measuring again")

@@ -36,6 +36,12 @@ MEASURE_FLOOR = 128  # micro-batch tokens below which the measured gate never sp
 # batch of a class, a wrong "off" forgoes a gain of a few percent, and a decision rests on a
 # few probes: a class turns dual stream on only where it clearly pays.
 WIN_RATIO = 0.95
+# What one forward of a probe batch can take. It holds at least MEASURE_FLOOR tokens per
+# micro-batch through every layer: no device does that in under a microsecond, so a smaller
+# time is a broken timer (or an edited cache file) and would make dual stream "win" its
+# class; an hour is no timing either.
+MIN_PROBE_SECONDS = 1e-6
+MAX_PROBE_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -178,8 +184,11 @@ class MeasuredMode:
             end = _timed(run.synchronize)
             seconds[name] = end - start if math.isfinite(start + end) else math.inf
         agreed = [float(v) for v in run.agree([seconds["single"], seconds["dual"]])]
-        if len(agreed) != 2 or not all(math.isfinite(v) and v > 0 for v in agreed):
-            self.fault = f"a rank could not time a probe (agreed timings {agreed})"
+        if len(agreed) != 2 or not all(MIN_PROBE_SECONDS <= v <= MAX_PROBE_SECONDS for v in agreed):  # NaN fails
+            self.fault = (
+                f"a rank could not time a probe (agreed timings {agreed}, not in "
+                f"[{MIN_PROBE_SECONDS:g}, {MAX_PROBE_SECONDS:g}] s)"
+            )
             return output
         self.probe_seconds += agreed[1]  # on top of upstream, which runs each batch once, single-stream
         if self.gate.add(Probe(size_class, agreed[0], agreed[1])) and self._save is not None:

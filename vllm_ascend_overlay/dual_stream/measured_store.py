@@ -6,9 +6,11 @@ token budget, KV block size, vLLM and patch-set versions, device, CANN), here ex
 what shapes the dual-stream decision (split strategy, balance threshold, size classes,
 probes per class); it is written atomically (a temporary file renamed into place); and it
 is untrusted input: read only up to ``MAX_BYTES``, it must parse as the expected JSON and
-match the fingerprint, every probe must be a known class with finite positive times, and
-the decision is made again from the probes (``measured.MeasuredGate``), never read from
-the file. Any problem is a ``MeasuredCacheError`` naming it; the caller then measures again.
+match the fingerprint, every probe must be a known class with times a forward can take
+(``MIN_PROBE_SECONDS`` to ``MAX_PROBE_SECONDS``), and the decision is made again from the
+probes (``measured.MeasuredGate``), never read from the file. Any problem is a
+``MeasuredCacheError`` naming it, quoting at most an excerpt of a bad value (its message
+stays a log line however large the file); the caller then measures again.
 """
 
 from __future__ import annotations
@@ -21,16 +23,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_ascend.dual_stream.measured import Probe
+from vllm_ascend.config_table import shown
+from vllm_ascend.dual_stream.measured import MAX_PROBE_SECONDS, MIN_PROBE_SECONDS, Probe
 from vllm_ascend.json_file import read_json, write_json_atomically
 
 SCHEMA_VERSION = 1
 MAX_BYTES = 1 << 20
-MAX_PROBE_SECONDS = 3600.0  # one forward of a batch; anything longer is not a timing
+EXCERPT_CHARS = 200  # of a bad value quoted in an error
+MAX_MESSAGE_CHARS = 600
 
 
 class MeasuredCacheError(ValueError):
-    """A cached measurement that cannot be used; the message says why."""
+    """A cached measurement that cannot be used; the message says why, in one bounded line."""
+
+    def __init__(self, reason: str):
+        super().__init__(_cut(str(reason), MAX_MESSAGE_CHARS))
 
 
 def fingerprint(deployment: Mapping, *, split_strategy: str, balance_threshold: float,
@@ -82,7 +89,7 @@ def load(path: str | os.PathLike, *, key: Mapping, classes: Sequence[int], repea
     if not isinstance(data, dict):
         raise MeasuredCacheError("not a JSON object")
     if type(data.get("schema_version")) is not int or data.get("schema_version") != SCHEMA_VERSION:
-        raise MeasuredCacheError(f"schema_version {data.get('schema_version')!r} != {SCHEMA_VERSION}")
+        raise MeasuredCacheError(f"schema_version {_excerpt(data.get('schema_version'))} != {SCHEMA_VERSION}")
     if data.get("fingerprint") != json.loads(json.dumps(dict(key), sort_keys=True)):
         raise MeasuredCacheError("fingerprint differs (other model, parallelism, versions, device or split rules)")
     rows = data.get("probes")
@@ -91,10 +98,10 @@ def load(path: str | os.PathLike, *, key: Mapping, classes: Sequence[int], repea
     probes = []
     for row in rows:
         if not (isinstance(row, list) and len(row) == 3 and all(_is_number(v) for v in row)):
-            raise MeasuredCacheError(f"a probe must be [size_class, single_s, dual_s] numbers, got {row!r}")
+            raise MeasuredCacheError(f"a probe must be [size_class, single_s, dual_s] numbers, got {_excerpt(row)}")
         size_class, single_s, dual_s = row
         if size_class not in classes:
-            raise MeasuredCacheError(f"size class {size_class!r} is not one of {list(classes)}")
+            raise MeasuredCacheError(f"size class {_excerpt(size_class)} is not one of {list(classes)}")
         probes.append(Probe(int(size_class), _seconds(single_s), _seconds(dual_s)))
     return probes
 
@@ -104,9 +111,21 @@ def _seconds(value: Any) -> float:
         seconds = float(value)
     except OverflowError:  # a JSON integer past every float
         seconds = math.inf
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_PROBE_SECONDS):
-        raise MeasuredCacheError(f"a probe time must be in (0, {MAX_PROBE_SECONDS:g}] s, got {value!r}")
+    if not (math.isfinite(seconds) and MIN_PROBE_SECONDS <= seconds <= MAX_PROBE_SECONDS):
+        raise MeasuredCacheError(
+            f"a probe time must be in [{MIN_PROBE_SECONDS:g}, {MAX_PROBE_SECONDS:g}] s (no forward of a probe batch "
+            f"takes less or more), got {_excerpt(value)}"
+        )
     return seconds
+
+
+def _excerpt(value: Any) -> str:
+    """``value`` as an error quotes it: its repr, at most ``EXCERPT_CHARS`` of it."""
+    return _cut(shown(value), EXCERPT_CHARS)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _is_number(value: Any) -> bool:

@@ -14,6 +14,7 @@ import pytest
 from vllm_ascend_patchset.e2e import run as e2e_run
 from vllm_ascend_patchset.e2e import servers, trace_args, trace_replay, twin_predict
 from vllm_ascend_patchset.e2e import trace_figures as tf
+from vllm_ascend_patchset.e2e.bench import ArgumentError
 from vllm_ascend_patchset.e2e.model import TINY_QWEN3
 from vllm_ascend_patchset.paths import DATA_DIR
 from vllm_ascend_patchset.twin import engine
@@ -175,12 +176,48 @@ def test_goals_report_fidelity_ranking_and_ours_against_the_best_fixed_chunk():
     assert "twin/real" in table and "1.040" in table and "TTFT <= 1.00 s, TPOT <= 50 ms" in table
 
 
+def serving(ttft_s: float, tpot_p99_ms: float = 50.0) -> tf.Serving:
+    return tf.Serving(ttft_s, ttft_s, ttft_s, tpot_p99_ms, tpot_p99_ms, 1.0, 20, 20)
+
+
 def test_the_fixed_chunks_served_are_the_twins_best_of_the_sweep():
     args = argparse.Namespace(fixed="512,1024,2048,4096", fixed_pick=2)
-    twin = {"fixed-512": 5.2, "fixed-1024": 4.9, "fixed-2048": 7.8, "fixed-4096": 10.3, "ours": 3.0}
+    means = {"fixed-512": 5.2, "fixed-1024": 4.9, "fixed-2048": 7.8, "fixed-4096": 10.3, "ours": 3.0}
+    twin = {name: serving(mean) for name, mean in means.items()}
     assert trace_replay.fixed_to_serve(args, twin) == [1024, 512]
     assert trace_replay.fixed_to_serve(argparse.Namespace(fixed="512,1024", fixed_pick=0), twin) == [512, 1024]
     assert trace_replay.fixed_to_serve(args, {}) == [512, 1024, 2048, 4096], "no twin: every chunk of --fixed"
+
+
+def test_with_a_tpot_target_the_chunks_served_meet_it_first_and_the_slo_tuned_one_is_found_among_them():
+    args = argparse.Namespace(fixed="256,512,1024,2048", fixed_pick=2, target_tpot_ms=60.0)
+    twin = {"fixed-256": serving(6.0, 30), "fixed-512": serving(5.0, 55), "fixed-1024": serving(4.5, 90),
+            "fixed-2048": serving(4.0, 160)}  # fmt: skip
+    assert trace_replay.fixed_to_serve(args, twin) == [512, 256]  # the fastest that meet 60 ms, then the rest
+    assert trace_replay.slo_tuned(twin, 60.0) == "fixed-512"
+    assert trace_replay.slo_tuned(twin, 10.0) == "fixed-256"  # none meets it: the least TPOT P99
+
+
+def test_a_tpot_target_is_checked_before_any_server_and_judged_in_the_goodput():
+    parse = e2e_run.build_parser().parse_args
+    args = parse(["bench", "--trace", f"{MOONCAKE}@42:20", "--target-tpot-ms", "80"])
+    trace_args.check_trace_args(args)
+    slo = trace_replay.judged_at(args, Slo(9000.0, 40.0, "default"))
+    assert (slo.ttft_ms, slo.tpot_ms) == (9000.0, 80.0)
+    for bad in ("0", "-3", "nan", "inf"):
+        with pytest.raises(ArgumentError, match="--target-tpot-ms must be a number of ms > 0"):
+            trace_args.check_trace_args(parse(["bench", "--trace", f"{MOONCAKE}@42:20", "--target-tpot-ms", bad]))
+    with pytest.raises(ArgumentError, match="--target-tpot-ms: trace-mode flags"):
+        trace_args.check_trace_args(parse(["bench", "--target-tpot-ms", "80"]))
+
+
+def test_ours_tpot_p99_is_judged_against_its_target_when_it_has_one():
+    real = {"ours": serving(3.0, 85.0), "fixed-512": serving(3.2, 50.0)}
+    ttft = {"ours": {"r": 3000.0}, "fixed-512": {"r": 3200.0}}
+    (goal,) = [g for g in tf.goals(real, {}, ttft, "fixed-512", None, target_tpot_ms=80.0) if "TPOT" in g.what]
+    assert goal.what.startswith("ours' TPOT P99 <= 1.1x its target 80 ms") and goal.met
+    (goal,) = [g for g in tf.goals(real, {}, ttft, "fixed-512", None, target_tpot_ms=70.0) if "TPOT" in g.what]
+    assert not goal.met
 
 
 def test_bench_takes_a_trace_and_its_load_and_cap():

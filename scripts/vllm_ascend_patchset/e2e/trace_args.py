@@ -17,7 +17,12 @@ from .bench import ArgumentError
 
 DEFAULT_COUNT = 20  # requests of a slice given without COUNT
 TRACE_DEFAULTS = {"load": 0.8, "output_cap": 64, "fixed_pick": 1}  # the trace mode's own flags, when not given
-TRACE_FLAGS = {"load": "--load", "output_cap": "--output-cap", "fixed_pick": "--fixed-pick"}
+TRACE_FLAGS = {
+    "load": "--load",
+    "output_cap": "--output-cap",
+    "fixed_pick": "--fixed-pick",
+    "target_tpot_ms": "--target-tpot-ms",
+}
 TRACE_SWITCHES = {"keep_profile": "--keep-profile", "report_only": "--report-only"}
 
 
@@ -43,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--report-only", action="store_true", help="trace mode: the last run's table again, the twin run anew"
+    )
+    p.add_argument(
+        "--target-tpot-ms",
+        type=float,
+        help="trace mode: ours keeps decodes to this TPOT (target_tpot_ms); goodput is judged at it, and ours is"
+        " compared with the SLO-tuned fixed chunk (the least TTFT of the chunks served whose TPOT P99 meets it)",
     )
     p.add_argument(
         "--fixed-pick",
@@ -73,6 +84,9 @@ def check_trace_args(args: argparse.Namespace) -> None:
         )
     if args.output_cap < 1:
         raise ArgumentError(f"--output-cap must be >= 1 (output tokens a request may generate), got {args.output_cap}")
+    target = args.target_tpot_ms
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise ArgumentError(f"--target-tpot-ms must be a number of ms > 0 (ours' target_tpot_ms), got {target}")
     if args.fixed_pick < 0:
         raise ArgumentError(f"--fixed-pick must be >= 0 (0 serves every chunk of --fixed), got {args.fixed_pick}")
     if not args.report_only and "ours" not in {w.strip() for w in args.policies.split(",")}:

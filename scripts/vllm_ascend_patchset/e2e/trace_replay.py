@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -205,6 +206,8 @@ def _twin(args: argparse.Namespace, profile: Path, out: Path, *extra: str) -> di
     command = [args.twin_python, "-m", "vllm_ascend_patchset.e2e.twin_predict", "--surface", str(profile)]
     command += ["--stages", str(e2e.PIPELINE_STAGES), "--trace", args.trace, "--load", str(args.load)]
     command += ["--output-cap", str(args.output_cap), "--chunk", str(args.chunk), "--json", str(out), *extra]
+    if args.target_tpot_ms is not None:
+        command += ["--target-tpot-ms", str(args.target_tpot_ms)]
     env = {**e2e.server_env(), "PYTHONPATH": str(e2e.SCRIPTS_DIR)}
     subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, timeout=TWIN_TIMEOUT_S)
     return json.loads(out.read_text())
@@ -216,7 +219,23 @@ def twin_workload(args: argparse.Namespace, profile: Path) -> tuple[Workload, Sl
     data = _twin(args, profile, args.out / "workload.json", "--workload-only")
     for note in data["notes"]:
         print(f"  {note}", flush=True)
-    return Workload.from_json(data["workload"]), Slo(**data["slo"])
+    return Workload.from_json(data["workload"]), judged_at(args, Slo(**data["slo"]))
+
+
+def judged_at(args: argparse.Namespace, slo: Slo) -> Slo:
+    """The goodput bounds: with ``--target-tpot-ms`` its TPOT, as ours is asked to keep."""
+    target = getattr(args, "target_tpot_ms", None)
+    return slo if target is None else Slo(slo.ttft_ms, target, f"TTFT as the twin's default; TPOT {target:g} ms")
+
+
+def slo_tuned(real: dict[str, tf.Serving], target_ms: float) -> str | None:
+    """The served fixed chunk a user tunes for ``target_ms``: the least mean TTFT among those whose TPOT P99
+    meets it, else the least TPOT P99 (``twin.command.slo_tuned_fixed``, on measured figures)."""
+    fixed = [n for n in real if n.startswith("fixed-") and real[n].tpot_p99_ms is not None]
+    meeting = [n for n in fixed if real[n].tpot_p99_ms <= target_ms]
+    if meeting:
+        return min(meeting, key=lambda n: real[n].ttft_mean_s)
+    return min(fixed, key=lambda n: real[n].tpot_p99_ms, default=None)
 
 
 def twin_prediction(args: argparse.Namespace, profile: Path, records: list[dict]) -> dict[str, Any]:
@@ -230,10 +249,20 @@ def twin_prediction(args: argparse.Namespace, profile: Path, records: list[dict]
     return _twin(args, profile, args.out / "twin.json", *policies)
 
 
-def fixed_to_serve(args: argparse.Namespace, twin_means: dict[str, float]) -> list[int]:
-    """The chunks of ``--fixed`` the twin ranks best (``--fixed-pick``; 0 or no twin: all of them)."""
+def fixed_to_serve(args: argparse.Namespace, twin: dict[str, tf.Serving]) -> list[int]:
+    """The chunks of ``--fixed`` the twin ranks best (``--fixed-pick``; 0 or no twin: all of them): by mean
+    TTFT; with ``--target-tpot-ms`` those whose TPOT P99 meets the target first, the rest by TPOT P99."""
     chunks = [int(c) for c in args.fixed.split(",") if c.strip()]
-    ranked = sorted((c for c in chunks if f"fixed-{c}" in twin_means), key=lambda c: twin_means[f"fixed-{c}"])
+    target = getattr(args, "target_tpot_ms", None)
+
+    def rank(chunk: int) -> tuple:
+        figures = twin[f"fixed-{chunk}"]
+        if target is None:
+            return (figures.ttft_mean_s,)
+        tpot = math.inf if figures.tpot_p99_ms is None else figures.tpot_p99_ms
+        return (0, figures.ttft_mean_s) if tpot <= target else (1, tpot)
+
+    ranked = sorted((c for c in chunks if f"fixed-{c}" in twin), key=rank)
     if args.fixed_pick <= 0 or not ranked:
         return chunks
     return ranked[: args.fixed_pick]
@@ -252,7 +281,8 @@ def run(args: argparse.Namespace) -> int:
     for old in [] if args.keep_profile else (args.out / "profiles").glob("cpp-profile-*.json"):
         old.unlink()  # ours profiles afresh; the arrivals and the twin read what this run's engine saved
     model_dir = write_tiny_qwen3(e2e.E2E_CACHE / "model")
-    records = [serve_replay(args, e2e.ours(args.chunk), model_dir, None)]
+    target = {} if args.target_tpot_ms is None else {"target_tpot_ms": args.target_tpot_ms}
+    records = [serve_replay(args, e2e.ours(args.chunk, **target), model_dir, None)]
     if "workload" not in records[0]:
         print(f"ours: {'; '.join(records[0]['errors'])}", file=sys.stderr)
         return 1
@@ -260,12 +290,12 @@ def run(args: argparse.Namespace) -> int:
     first = twin_figures(args, saved_profile(args), workload, slo, records)
     if not first.figures:
         print("twin: no prediction; serving every chunk of --fixed", file=sys.stderr)
-    others = [e2e.fixed(c) for c in fixed_to_serve(args, {n: f.ttft_mean_s for n, f in first.figures.items()})]
+    others = [e2e.fixed(c) for c in fixed_to_serve(args, first.figures)]
     others = (others if "fixed" in wanted else []) + ([e2e.upstream(args.chunk)] if "upstream" in wanted else [])
     records += [serve_replay(args, policy, model_dir, workload) for policy in others]
     (args.out / "records.json").write_text(json.dumps(records, indent=1))
     twin = twin_figures(args, saved_profile(args), workload, slo, records)  # every server's pace now
-    return report(records, twin, slo, workload, time.monotonic() - started)
+    return report(records, twin, slo, workload, time.monotonic() - started, args.target_tpot_ms)
 
 
 @dataclass
@@ -311,7 +341,7 @@ def report_again(args: argparse.Namespace, started: float) -> int:
     except (OSError, ValueError, TypeError, KeyError, IndexError) as error:
         raise SystemExit(f"--report-only: {saved} is not a trace run's records ({error!r:.80}); {again}") from None
     twin = twin_figures(args, saved_profile(args), workload, slo, records)
-    return report(records, twin, slo, workload, time.monotonic() - started)
+    return report(records, twin, slo, workload, time.monotonic() - started, args.target_tpot_ms)
 
 
 def report(
@@ -320,6 +350,7 @@ def report(
     slo: Slo,
     workload: Workload,
     elapsed_s: float,
+    target: float | None = None,
 ) -> int:
     real, ttft_by_policy, loads = {}, {}, {}
     for record in records:
@@ -343,7 +374,10 @@ def report(
     failed = [r for r in records if r["errors"]]
     for record in failed:
         print(f"{record['policy']}: {'; '.join(record['errors'])}", file=sys.stderr)
-    for goal in tf.goals(real, twin, ttft_by_policy, best_fixed, upstream):
+    comparator = slo_tuned(real, target) if target is not None else best_fixed
+    if target is not None and comparator:
+        print(f"  SLO-tuned fixed chunk for TPOT {target:g} ms: real {comparator}")
+    for goal in tf.goals(real, twin, ttft_by_policy, comparator, upstream, target_tpot_ms=target):
         print(f"goal {'met   ' if goal.met else 'MISSED'}: {goal.what}: {goal.value}")
     for record in records:
         cached = [o.get("cached_tokens") for o in record["outcomes"]]

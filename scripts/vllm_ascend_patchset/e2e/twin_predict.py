@@ -48,11 +48,12 @@ from . import servers
 from .trace_replay import build_replay
 
 
-def ours_from(profile: str, chunk: int) -> pol.Policy:
-    """Ours with the e2e settings, starting from the engine's own profile samples: the same samples give the
-    same latency model and the same decisions (a granule, say) as the engine's, where profiling the surface
-    made of their medians could see a step in one noisy pair of points that the engine's scatter ruled out."""
-    return dataclasses.replace(servers.ours(chunk), start_profile=str(Path(profile).resolve()))
+def ours_from(profile: str, chunk: int, **options: float) -> pol.Policy:
+    """Ours with the e2e settings (and ``options``, e.g. ``target_tpot_ms``), starting from the engine's own
+    profile samples: the same samples give the same latency model and the same decisions (a granule, say) as
+    the engine's, where profiling the surface made of their medians could see a step in one noisy pair of
+    points that the engine's scatter ruled out."""
+    return dataclasses.replace(servers.ours(chunk, **options), start_profile=str(Path(profile).resolve()))
 
 
 def predict(
@@ -126,13 +127,15 @@ def policy_paces(measured: dict[str, Pace], names: list[str], default: float) ->
     return {name: measured[name].ratio if name in measured else rest for name in names}
 
 
-def trace_policies(surface: str, fixed: list[int], chunk: int, policies: set[str]) -> list[pol.Policy]:
+def trace_policies(
+    surface: str, fixed: list[int], chunk: int, policies: set[str], target_tpot_ms: float | None = None
+) -> list[pol.Policy]:
     """The trace mode's policies the twin replays: the fixed chunks served, upstream's CPP and ours."""
     wanted = [servers.fixed(c) for c in fixed] if "fixed" in policies else []
     if "upstream" in policies:
         wanted.append(servers.upstream(chunk))
     if "ours" in policies:
-        wanted.append(ours_from(surface, chunk))
+        wanted.append(ours_from(surface, chunk, **({"target_tpot_ms": target_tpot_ms} if target_tpot_ms else {})))
     return wanted
 
 
@@ -146,12 +149,13 @@ def predict_trace(
     policies: set[str],
     paces: dict[str, float] | None = None,
     scratch: Path | None = None,
+    target_tpot_ms: float | None = None,
 ) -> dict:
     """Every policy's per-request TTFT and TPOT (ms) on the trace mode's replay, with the replay itself.
 
     ``paces``: a policy's device runs at that pace (``at_pace`` of ``surface``, written under ``scratch``);
     without one, at ``surface``, the profile the requests and ours' start-up samples come from."""
-    wanted = trace_policies(surface, fixed, chunk, policies)
+    wanted = trace_policies(surface, fixed, chunk, policies, target_tpot_ms)
     workload = build_replay(surface, trace, load, output_cap, chunk)
     paces = paces or {}
     if paces and scratch is None:
@@ -203,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --trace: JSON of each server's timed steps; each policy's device at their pace (module doc)",
     )
     p.add_argument("--fixed", default="", help="fixed chunk sizes served, comma-separated")
+    p.add_argument("--target-tpot-ms", type=float, default=None, help="with --trace: ours' target_tpot_ms")
     p.add_argument("--chunk", type=int, required=True, help="CPP base chunk (max_num_batched_tokens)")
     p.add_argument("--policies", default="fixed,upstream,ours", help="subset of fixed,upstream,ours")
     p.add_argument("--json", type=Path, required=True, help="where the prediction is written")
@@ -238,8 +243,9 @@ def _run(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         names = [p.name for p in trace_policies(args.surface, fixed, args.chunk, policies)]
         paces = policy_paces(measured, names, args.pace)  # every policy at --pace without steps
         traced = predict_trace(
-            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, paces, args.json.parent
-        )
+            args.surface, args.trace, args.load, args.output_cap, fixed, args.chunk, policies, paces, args.json.parent,
+            args.target_tpot_ms,
+        )  # fmt: skip
         traced["paces"] = {name: dataclasses.asdict(pace) for name, pace in measured.items()}
         args.json.write_text(json.dumps(traced))
         print(json.dumps({name: len(times["request_ttft_ms"]) for name, times in traced["policies"].items()}))

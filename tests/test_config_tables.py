@@ -99,6 +99,36 @@ def test_every_unknown_key_is_reported_with_the_known_ones(name):
 
 
 @pytest.mark.parametrize("name", SECTIONS)
+@pytest.mark.parametrize(
+    "unknown, shown",
+    [
+        ("enabled\u200b", r"'enabled\u200b'"),  # zero-width space
+        ("\ufeffenabled", r"'\ufeffenabled'"),  # byte order mark
+        ("en\u00adabled", r"'en\xadabled'"),  # soft hyphen
+        ("enabled\t", r"'enabled\t'"),
+        ("enabled ", "'enabled '"),
+    ],
+    ids=["zero-width space", "BOM", "soft hyphen", "tab", "trailing space"],
+)
+def test_a_key_with_characters_that_do_not_show_is_escaped_and_the_known_key_named(name, unknown, shown):
+    _section, key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error) as info:
+        parse({unknown: True})
+    line = str(info.value).splitlines()[0]
+    assert line == f"{key}.{shown}=True: not a known key; did you mean enabled? Delete the characters that do not show"
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_a_key_that_does_not_read_as_written_is_quoted_without_a_guess_when_none_fits(name):
+    _section, key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error) as info:
+        parse({"zz\u200b": 1, "k" * 5000: 2, "": 3})
+    lines = str(info.value).splitlines()
+    assert f"  {key}.'zz\\u200b'=1: not a known key" in lines and f"  {key}.''=3: not a known key" in lines
+    assert all(len(line) < 300 for line in lines) and not any("did you mean" in line for line in lines)
+
+
+@pytest.mark.parametrize("name", SECTIONS)
 def test_every_bad_value_is_reported_at_once(name):
     section, key, parse, error, _doc = SECTIONS[name]
     table = config_table.settings(section)

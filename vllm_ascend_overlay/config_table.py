@@ -19,7 +19,9 @@ Values are checked alike in every section:
 
 Every problem of a dict (unknown keys, wrong types, values out of range) is reported in
 one error, one line each, as ``<section>.<key>=<value>: <fix>``; a value too long to read
-(an integer of thousands of digits, a long string) is shown shortened.
+(an integer of thousands of digits, a long string) is shown shortened, and a key that
+would not read as written (invisible characters, white space around it, too long) is
+quoted with those characters escaped, naming the known key it is without them.
 """
 
 from __future__ import annotations
@@ -189,8 +191,26 @@ def shown(value: Any) -> str:
 
 
 def problem(key: str, name: Any, value: Any, fix: str) -> str:
-    """One problem line: ``<section>.<key>=<value>: <fix>``."""
-    return f"{key}.{name if isinstance(name, str) else shown(name)}={shown(value)}: {fix}"
+    """One problem line: ``<section>.<key>=<value>: <fix>``; a key that would not read as it is is quoted, escaped."""
+    return f"{key}.{name if _plain(name) else shown(name)}={shown(value)}: {fix}"
+
+
+def _plain(name: Any) -> bool:
+    """A key a line can show as it is: a short string of visible characters, no white space around them."""
+    return isinstance(name, str) and 0 < len(name) <= 80 and name.isprintable() and name == name.strip()
+
+
+def _visible(name: str) -> str:
+    """``name`` without what does not show: non-printable characters (zero-width ones, controls, other
+    spaces than ' ') and white space around it."""
+    return "".join(c for c in name if c.isprintable()).strip()
+
+
+def _unknown_key(name: Any, known: dict) -> str:
+    """The fix for an unknown key; names the known key it is once its invisible characters are gone."""
+    if isinstance(name, str) and name != _visible(name) and _visible(name) in known:
+        return f"not a known key; did you mean {_visible(name)}? Delete the characters that do not show"
+    return "not a known key"
 
 
 def raise_problems(key: str, problems: list[str], error: type[Exception] = ValueError, footer: str = "") -> None:
@@ -211,7 +231,7 @@ def check_section_name(additional_config: Any, key: str, error: type[Exception] 
     for name in additional_config:
         if not isinstance(name, str):
             continue
-        flat = name.strip().lower().replace("-", "_")
+        flat = _visible(name).lower().replace("-", "_")
         if flat in (key, stem) or difflib.SequenceMatcher(None, flat, key).ratio() >= 0.85:
             raise error(f"additional_config key {shown(name)} is not read: did you mean {key!r}? Rename it.")
 
@@ -223,7 +243,7 @@ def parse_section(section: type[T], raw: Any, *, key: str, error: type[Exception
     if not isinstance(raw, dict):
         raise error(f'{key}={shown(raw)}: must be a JSON object such as {{"enabled": true}}')
     table = settings(section)
-    problems = [problem(key, name, raw[name], "not a known key") for name in raw if name not in table]
+    problems = [problem(key, name, raw[name], _unknown_key(name, table)) for name in raw if name not in table]
     footer = f"The keys of {key} are {', '.join(table)}." if problems else ""
     values: dict[str, Any] = {}
     for name, (default, spec) in table.items():

@@ -134,20 +134,21 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
     return [total / args.steps * 1e6 for total in elapsed]
 
 
-def timing_plans(rule_cls: type) -> dict[str, float]:
-    """Seconds spent planning (``ChunkRule.plan_target``): ``step`` on the engine's thread, ``off`` in another."""
+def timing_plans(policy_module) -> dict[str, float]:
+    """Seconds spent planning (``plan_target`` as core/cpp_policy.py calls it): ``step`` on the engine's thread,
+    ``off`` in another."""
     spent = {"step": 0.0, "off": 0.0}
-    plan_target = rule_cls.plan_target
+    plan_target = policy_module.plan_target
 
-    def timed(self, *args, **kwargs):
+    def timed(*args, **kwargs):
         start = time.thread_time()
         try:
-            return plan_target(self, *args, **kwargs)
+            return plan_target(*args, **kwargs)
         finally:
             where = "step" if threading.current_thread() is threading.main_thread() else "off"
             spent[where] += time.thread_time() - start
 
-    rule_cls.plan_target = timed
+    policy_module.plan_target = timed
     return spent
 
 
@@ -260,9 +261,9 @@ def main() -> int:
         from vllm.utils.gc_utils import freeze_gc_heap
 
         freeze_gc_heap()
-    from vllm_ascend.core.cpp_chunk_rule import ChunkRule
+    from vllm_ascend.core import cpp_policy
 
-    planning_s = timing_plans(ChunkRule)
+    planning_s = timing_plans(cpp_policy)
     parts_s = timing_parts(scheduler_cls) if args.parts else {}
 
     def timing_starts() -> None:

@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     our_rule = ours.ChunkRule(our_model, limits, args.stages)
 
     def our_chunking(prompt_tokens):
-        plan = our_rule.plan_target([(0, prompt_tokens)])
+        plan = ours.plan_target(our_rule, [(0, prompt_tokens)])
         return lambda history_tokens, remaining_tokens: our_rule.wanted_chunk(history_tokens, remaining_tokens, plan)
 
     def upstream_next(predictor, with_history):
@@ -262,10 +262,11 @@ def main(argv=None) -> int:
         return best / (20 * calls) * 1e6
 
     print(f"\ncost of one call (best of 5 x 20 x {calls} calls)")
-    plan = our_rule.plan_target([(0, longest_prompt)])
+    plan = ours.plan_target(our_rule, [(0, longest_prompt)])
     print(f"{'ours wanted_chunk':<48} {per_call_us(lambda h: our_rule.wanted_chunk(h, 50_000, plan)):>8.2f} us")
     print(f"{'ours chunk_within':<48} {per_call_us(lambda h: our_rule.chunk_within(h, 100.0, 50_000)):>8.2f} us")
-    plan_us = min(timeit.repeat(lambda: our_rule.plan_target([(0, longest_prompt)]), number=5, repeat=3)) / 5 * 1e6
+    longest = [(0, longest_prompt)]
+    plan_us = min(timeit.repeat(lambda: ours.plan_target(our_rule, longest), number=5, repeat=3)) / 5 * 1e6
     print(f"{'ours plan_target (once per change of prefills)':<48} {plan_us:>8.1f} us")
     print(
         f"{'upstream predict':<48} " f"{per_call_us(lambda h: up_startup.predict(h, args.base_chunk, page)):>8.2f} us"

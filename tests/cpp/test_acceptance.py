@@ -21,6 +21,7 @@ from vllm_ascend.core.cpp_acceptance import (
 )
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_config import CppConfig
+from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_profiling import EXTRA_ROUNDS, LOCATE_RUNS, LOCATE_TOKENS, locate_runs
 from vllm_ascend.core.cpp_samples import group_points
 
@@ -178,7 +179,7 @@ def test_a_wave_step_at_a_profiled_size_is_found_and_a_chunk_past_it_costs_the_n
     rule = ChunkRule(model, LIMITS, 4)
     # The cheapest per token is a wave's end, which a grid of sizes would miss by a few tokens.
     assert rule.efficient_chunks().at(0) in [nodes[j] for j in model.steps]
-    plan = rule.plan_target([(0, 32_768)])
+    plan = plan_target(rule, [(0, 32_768)])
     assert all(not span < rule.chunk_alone(h, plan, model.fixed_ms) < nodes[i + 1] for h in range(0, 32_768, 1024))
 
 
@@ -219,7 +220,7 @@ def test_a_wave_between_profiled_sizes_is_placed_by_bisecting_its_segment(span, 
             assert model.time_ms(chunk, history) == pytest.approx(truth.time_ms(chunk, history), rel=0.08)
         assert model.time_ms(lower + 1, history) == model.time_ms(3072, history)
     rule = ChunkRule(model, LIMITS, 4)
-    plan = rule.plan_target([(0, 32_768)])
+    plan = plan_target(rule, [(0, 32_768)])
     assert all(not lower < rule.chunk_alone(h, plan, model.fixed_ms) < 3072 for h in range(0, 32_768, 1024))
 
 
@@ -237,7 +238,7 @@ def test_a_placed_waves_multiples_between_profiled_sizes_are_steps_too(seed):
         assert model.time_ms(lower, 0) == pytest.approx(truth.time_ms(lower, 0), rel=0.1)
         assert model.time_ms(lower + 1, 32_768) == model.time_ms(upper, 32_768)
     rule = ChunkRule(model, LIMITS, 2)
-    plan = rule.plan_target([(0, 131_072)])
+    plan = plan_target(rule, [(0, 131_072)])
     chunks = {int(rule.chunk_alone(h, plan, model.fixed_ms)) for h in range(0, 131_072, 2048)}
     assert not [c for c in chunks for lower, upper in steps if lower < c < upper]
 

@@ -76,7 +76,7 @@ CASES = [
 def test_the_planned_target_is_within_2_percent_of_the_best_target_on_a_fine_grid(truth, prompts, num_stages):
     """The planner's correctness: brute force over targets, each run through the step budget chunk by chunk."""
     rule = rule_for(truth, num_stages)
-    plan = rule.plan_target(prompts)
+    plan = plan_target(rule, prompts)
     low, high = target_bounds(rule, prompts, rule.model.fixed_ms)
     best_ms = min(exact_ttft_ms(rule, prompts, rule.plan(t)) for t in np.geomspace(low * (1 + 1e-6), high, 200))
     planned_ms = exact_ttft_ms(rule, prompts, plan)
@@ -87,7 +87,7 @@ def test_the_planned_target_is_within_2_percent_of_the_best_target_on_a_fine_gri
 def test_the_planners_prediction_is_right_chunk_by_chunk(truth, prompts, num_stages):
     """What the planner integrates is what the step budget then schedules, within 3%."""
     rule = rule_for(truth, num_stages)
-    plan = rule.plan_target(prompts)
+    plan = plan_target(rule, prompts)
     predicted, _ = predicted_ttft_ms(rule, prompts, np.array([plan.target_ms]), plan.fixed_ms, 0.0, plan.efficient)
     assert float(predicted[0]) == pytest.approx(exact_ttft_ms(rule, prompts, plan), rel=0.03)
 
@@ -99,14 +99,14 @@ def test_a_large_fixed_cost_plans_fewer_larger_chunks_than_a_small_one(prompt_to
     accelerator = rule_for(NPU_LIKE, num_stages)
     cpu = rule_for(Quadratic(0.3, NPU_LIKE.c1, NPU_LIKE.c2, NPU_LIKE.c3, NPU_LIKE.c4), num_stages)
     prompt = [(0, prompt_tokens)]
-    accelerator_chunks = chunk_times(accelerator, accelerator.plan_target(prompt), 0, prompt_tokens)
-    cpu_chunks = chunk_times(cpu, cpu.plan_target(prompt), 0, prompt_tokens)
+    accelerator_chunks = chunk_times(accelerator, plan_target(accelerator, prompt), 0, prompt_tokens)
+    cpu_chunks = chunk_times(cpu, plan_target(cpu, prompt), 0, prompt_tokens)
     assert len(accelerator_chunks) < len(cpu_chunks)
     assert accelerator_chunks[0][0] > cpu_chunks[0][0]
 
 
 def test_a_deeper_pipeline_plans_shorter_batches_for_one_long_prompt():
-    targets = [rule_for(TRUE, stages).plan_target([(0, 131_072)]).target_ms for stages in (1, 2, 4, 8, 16)]
+    targets = [plan_target(rule_for(TRUE, stages), [(0, 131_072)]).target_ms for stages in (1, 2, 4, 8, 16)]
     assert all(later <= earlier * (1 + 1e-9) for earlier, later in zip(targets, targets[1:], strict=False)), targets
     assert targets[-1] < targets[0]
 
@@ -130,7 +130,7 @@ def test_on_tiles_no_constant_chunk_beats_the_plan_in_the_pipeline(truth, base_t
         times_ms = [ms for _, _, ms in chunk_times(rule, plan, 0, prompt_tokens)]
         return pipeline_done_ms(times_ms, num_stages)[-1]
 
-    planned_ms = pipeline_ttft_ms(rule.plan_target(prompt))
+    planned_ms = pipeline_ttft_ms(plan_target(rule, prompt))
     sizes = range(truth.tile_tokens, base_tokens + 1, truth.tile_tokens)
     efficient = rule.efficient_chunks()
     constant_ms = min(
@@ -158,7 +158,7 @@ def test_on_waves_no_chunk_of_whole_waves_beats_the_plan_in_the_pipeline(prompt_
         times_ms = [truth.time_ms(c, h) for c, h, _ in chunk_times(rule, plan, 0, prompt_tokens)]
         return pipeline_done_ms(times_ms, num_stages)[-1]
 
-    planned_ms = pipeline_ttft_ms(rule.plan_target([(0, prompt_tokens)]))
+    planned_ms = pipeline_ttft_ms(plan_target(rule, [(0, prompt_tokens)]))
     efficient = rule.efficient_chunks()
     constant_ms = min(
         pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, efficient.capped(size), size))
@@ -185,7 +185,7 @@ def test_the_plan_adds_no_last_chunk_that_costs_a_whole_wave(num_stages):
         times_ms = [truth.time_ms(c, h) for c, h, _ in chunk_times(rule, plan, 0, prompt_tokens)]
         return pipeline_done_ms(times_ms, num_stages)[-1], len(times_ms)
 
-    planned_ms, planned_chunks = pipeline_ttft_ms(rule.plan_target([(0, prompt_tokens)]))
+    planned_ms, planned_chunks = pipeline_ttft_ms(plan_target(rule, [(0, prompt_tokens)]))
     constant_ms, constant_chunks = pipeline_ttft_ms(Plan(math.inf, rule.model.fixed_ms, rule.efficient_chunks(), 2048))
     assert constant_chunks == 64
     assert (
@@ -203,7 +203,7 @@ def test_the_planned_target_is_finite_and_within_its_bounds(data):
     inflight_ms = data.draw(st.sampled_from([0.0, 10.0, 1000.0]))
     decoding = data.draw(st.integers(0, 3))
     low, high = target_bounds(rule, held, fixed_ms, decoding)
-    plan = rule.plan_target(held, fixed_ms=fixed_ms, inflight_ms=inflight_ms, decoding=decoding)
+    plan = plan_target(rule, held, fixed_ms=fixed_ms, inflight_ms=inflight_ms, decoding=decoding)
     assert math.isfinite(plan.target_ms)
     assert low <= plan.target_ms <= high * (1 + 1e-12)
 
@@ -216,7 +216,7 @@ def test_while_requests_decode_the_target_never_exceeds_the_decode_step_bound_wh
     low, high = target_bounds(rule, held, rule.model.fixed_ms)
     rule = rule.with_limits(decode_step_ms=low * (high / low) ** data.draw(st.floats(0.0, 1.5)))
     decoding = data.draw(st.integers(1, 40))
-    assert rule.plan_target(held, decoding=decoding).target_ms <= rule.limits.decode_step_ms * (1 + 1e-12)
+    assert plan_target(rule, held, decoding=decoding).target_ms <= rule.limits.decode_step_ms * (1 + 1e-12)
 
 
 def test_the_decode_step_bound_leaves_prefills_alone_and_is_the_target_for_a_long_prompt_beside_decodes():
@@ -225,12 +225,12 @@ def test_the_decode_step_bound_leaves_prefills_alone_and_is_the_target_for_a_lon
     limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072)
     rule = rule_for(TRUE, 4, limits)
     held = [(0, 65_536)]
-    free = rule.plan_target(held).target_ms
+    free = plan_target(rule, held).target_ms
     bound_ms = free / 3
     paced = rule.with_limits(decode_step_ms=bound_ms)
-    assert paced.plan_target(held).target_ms == pytest.approx(free)
-    assert paced.plan_target(held, decoding=5).target_ms == pytest.approx(bound_ms, rel=0.02)
-    assert paced.plan_target(held, decoding=5).batch_tokens == math.inf  # no fixed chunk caps the chunks
+    assert plan_target(paced, held).target_ms == pytest.approx(free)
+    assert plan_target(paced, held, decoding=5).target_ms == pytest.approx(bound_ms, rel=0.02)
+    assert plan_target(paced, held, decoding=5).batch_tokens == math.inf  # no fixed chunk caps the chunks
 
 
 def test_a_prefill_that_fills_the_whole_context_is_planned_for_its_pipeline():
@@ -240,7 +240,7 @@ def test_a_prefill_that_fills_the_whole_context_is_planned_for_its_pipeline():
     for stages in (1, 4, 16):
         rule = rule_for(TRUE, stages, limits)
         low, high = target_bounds(rule, [(4096, 131_072 - 4096)], rule.model.fixed_ms)
-        targets[stages] = rule.plan_target([(4096, 131_072 - 4096)]).target_ms
+        targets[stages] = plan_target(rule, [(4096, 131_072 - 4096)]).target_ms
         assert low <= targets[stages] <= high
     assert targets[16] < targets[1]  # a deep pipeline still wants short batches
 
@@ -275,5 +275,5 @@ def test_an_attention_dominated_model_with_smoothing_and_decodes_plans_without_a
     """A model whose C*H attention outweighs its C^2 one, smooth_factor 0.5, decodes running: once a planner fault."""
     limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=20_512, smooth_factor=0.5)
     rule = rule_for(Quadratic(4, 0.00016, 0, 6.2e-7, 2.3e-6), 2, limits)
-    plan = rule.plan_target([(0, 20_000), (3000, 9000)], fixed_ms=rule.model.fixed_ms + 3.0, decoding=7)
+    plan = plan_target(rule, [(0, 20_000), (3000, 9000)], fixed_ms=rule.model.fixed_ms + 3.0, decoding=7)
     assert math.isfinite(plan.target_ms)

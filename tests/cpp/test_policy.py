@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 from cpp_samples import TRUE, measured_model
 from vllm_ascend.core import cpp_policy
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
+from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_policy import CppPolicy
 
 LIMITS = ChunkLimits(base_chunk_tokens=4096, max_model_len=131_072)
@@ -42,13 +43,13 @@ def put_in_flight(policy, ms_of_chunk=(2048, 1000)):
 def planning_threads(monkeypatch):
     """The thread each plan is made on."""
     threads = []
-    plan_target = ChunkRule.plan_target
+    plan_target = cpp_policy.plan_target
 
-    def recorded(self, *args, **kwargs):
+    def recorded(*args, **kwargs):
         threads.append(threading.current_thread())
-        return plan_target(self, *args, **kwargs)
+        return plan_target(*args, **kwargs)
 
-    monkeypatch.setattr(ChunkRule, "plan_target", recorded)
+    monkeypatch.setattr(cpp_policy, "plan_target", recorded)
     return threads
 
 
@@ -77,7 +78,8 @@ def test_with_a_batch_in_flight_the_plan_is_made_off_the_step_and_is_the_same_pl
     assert adopted is off_step.plan and adopted is not old
     # The same inputs planned on this thread: with the batch in flight counted as largest batch.
     inflight_ms = at_once._in_flight[0][1].predicted_ms
-    expected = at_once.rule.plan_target(
+    expected = plan_target(
+        at_once.rule,
         HELD,
         fixed_ms=model.fixed_ms + float(model.decode_ms_many(DECODING).sum()) / 4,
         inflight_ms=inflight_ms,
@@ -116,10 +118,10 @@ def test_a_plan_made_with_a_model_since_replaced_is_dropped(model):
 
 
 def test_a_fault_in_the_planner_thread_is_raised_when_the_plan_is_adopted(model, monkeypatch):
-    def faulty(self, *args, **kwargs):
+    def faulty(*args, **kwargs):
         raise ZeroDivisionError("a fault in the planner")
 
-    monkeypatch.setattr(ChunkRule, "plan_target", faulty)
+    monkeypatch.setattr(cpp_policy, "plan_target", faulty)
     policy = policy_of(model)
     put_in_flight(policy)
     policy.replan(HELD, DECODING)
@@ -130,13 +132,13 @@ def test_a_fault_in_the_planner_thread_is_raised_when_the_plan_is_adopted(model,
 
 def test_a_plan_that_does_not_come_back_is_a_fault_not_a_hang(model, monkeypatch):
     release = threading.Event()
-    plan_target = ChunkRule.plan_target
+    plan_target = cpp_policy.plan_target
 
-    def stuck(self, *args, **kwargs):
+    def stuck(*args, **kwargs):
         release.wait(10.0)
-        return plan_target(self, *args, **kwargs)
+        return plan_target(*args, **kwargs)
 
-    monkeypatch.setattr(ChunkRule, "plan_target", stuck)
+    monkeypatch.setattr(cpp_policy, "plan_target", stuck)
     monkeypatch.setattr(cpp_policy, "PLAN_TIMEOUT_S", 0.05)
     policy = policy_of(model)
     put_in_flight(policy)
@@ -159,11 +161,10 @@ spec = importlib.machinery.ModuleSpec("vllm_ascend", None, is_package=True)
 spec.submodule_search_locations = [{package!r}]
 sys.modules["vllm_ascend"] = importlib.util.module_from_spec(spec)
 from vllm_ascend.core import cpp_policy
-from vllm_ascend.core.cpp_chunk_rule import ChunkRule
 from test_policy import HELD, DECODING, policy_of, put_in_flight
 from cpp_samples import TRUE, measured_model
 
-ChunkRule.plan_target = lambda self, *args, **kwargs: threading.Event().wait()  # never returns
+cpp_policy.plan_target = lambda *args, **kwargs: threading.Event().wait()  # never returns
 cpp_policy.PLAN_TIMEOUT_S = 0.05
 policy = policy_of(measured_model(TRUE, noise=0.0, max_history_tokens=131_072))
 put_in_flight(policy)

@@ -16,7 +16,7 @@ from unittest import mock
 import helpers
 import pytest
 from vllm_ascend import deployment
-from vllm_ascend.core import cpp_profile_store, cpp_profiling
+from vllm_ascend.core import cpp_policy, cpp_profile_store, cpp_profiling
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
@@ -208,9 +208,8 @@ def test_a_deeper_pipeline_plans_shorter_batches(tmp_path, profiled):
 
 def test_the_target_is_planned_only_when_the_prefills_change(tmp_path, profiled):
     scheduler = cached_scheduler(tmp_path, profiled)
-    rule_cls = type(scheduler.cpp_rule)
     arrivals = [(0, request("a", 3000, 4)), (6, request("b", 2000, 4, start=5000))]
-    with mock.patch.object(rule_cls, "plan_target", autospec=True, side_effect=rule_cls.plan_target) as plan:
+    with mock.patch.object(cpp_policy, "plan_target", side_effect=cpp_policy.plan_target) as plan:
         outputs = helpers.run_to_completion(scheduler, arrivals)
     steps_with_prefill = [out for out in outputs if any(n > 1 for n in out.num_scheduled_tokens.values())]
     assert len(steps_with_prefill) > 8
@@ -280,10 +279,9 @@ def test_a_waiting_prompt_is_planned_from_its_prefix_cache_hit(tmp_path, profile
     scheduler = cached_scheduler(tmp_path, profiled)
     shared = list(range(1, 4097))
     helpers.run_to_completion(scheduler, [(0, helpers.make_request("first", shared + [9], max_tokens=1))])
-    rule_cls = type(scheduler.cpp_rule)
     scheduler.add_request(helpers.make_request("hit", shared + list(range(5000, 5500)), max_tokens=1))
     scheduler.add_request(request("cold", 700, 1, start=20_000))
-    with mock.patch.object(rule_cls, "plan_target", autospec=True, side_effect=rule_cls.plan_target) as plan:
+    with mock.patch.object(cpp_policy, "plan_target", side_effect=cpp_policy.plan_target) as plan:
         scheduler.schedule()
     held = plan.call_args_list[0].args[1]
     assert held[:2] == [(4096, 500), (0, 700)]
@@ -702,7 +700,7 @@ def test_priority_preemption_refunds_what_the_preempted_request_was_charged(tmp_
     "target, where",
     [
         ("vllm_ascend.core.cpp_step_budget.StepBudget.grant", "sizing a"),
-        ("vllm_ascend.core.cpp_chunk_rule.ChunkRule.plan_target", "the step start"),
+        ("vllm_ascend.core.cpp_policy.plan_target", "the step start"),
         ("vllm_ascend.core.cpp_step_budget.StepBudget.charge", "charging a scheduled request"),
         ("vllm_ascend.core.cpp_step_budget.StepBudget.settle", "the step's bookkeeping"),
         ("vllm_ascend.core.cpp_calibration.OnlineCalibration.record", "online calibration"),
@@ -787,9 +785,8 @@ def test_the_target_is_planned_again_when_a_request_starts_decoding(tmp_path, pr
     the long one: the plan that bounds the batches for decodes (rule 4) is made, though the prefills
     held are the same as the last plan's."""
     scheduler = cached_scheduler(tmp_path, profiled)
-    rule_cls = type(scheduler.cpp_rule)
     arrivals = [(0, request("long", 6000, 2)), (1, request("short", 8, 16, start=9000))]
-    with mock.patch.object(rule_cls, "plan_target", autospec=True, side_effect=rule_cls.plan_target) as plan:
+    with mock.patch.object(cpp_policy, "plan_target", side_effect=cpp_policy.plan_target) as plan:
         outputs = helpers.run_to_completion(scheduler, arrivals)
     short_prefill = next(i for i, out in enumerate(outputs) if out.num_scheduled_tokens.get("short", 0) > 1)
     long_chunks_after = [out for out in outputs[short_prefill + 1 :] if out.num_scheduled_tokens.get("long", 0) > 1]

@@ -1,7 +1,11 @@
-"""The tooling stays easy to read: no import circles, no private name used across modules, small modules.
+"""The tooling and the overlay stay easy to read: no import circles, no private name used across modules,
+small modules.
 
 Imports are read from source at any depth (an import inside a function is as much a
-dependency as one at the top), so a circle cannot hide behind a lazy import.
+dependency as one at the top), so a circle cannot hide behind a lazy import. The circle
+check covers every Python file of the repository: the tooling package, the overlay
+(imported as ``vllm_ascend.*``), and the scripts and tests, each imported by its file name
+from its own folder.
 """
 
 from __future__ import annotations
@@ -53,6 +57,25 @@ def test_the_circle_finder_finds_a_circle_through_a_lazy_import_and_only_circles
 def test_no_import_circle_among_the_tooling_modules():
     graph = import_graph(tooling_modules())
     assert sum(map(len, graph.values())) > 50, "the graph was read"
+    assert circles(graph) == [], "an import circle: move what both need into a module of its own"
+
+
+def repo_modules() -> dict[str, Path]:
+    """Every module of the repository by the name it is imported as (a script or test by its file name)."""
+    modules = _our_module_files()
+    for folder in (SCRIPTS_DIR, TESTS_DIR):
+        for path in _python_files(folder):
+            if not path.is_relative_to(SCRIPTS_DIR / TOOLING) and path.name != "conftest.py":
+                modules.setdefault(path.stem, path)
+    return modules
+
+
+def test_no_import_circle_anywhere_in_the_repository():
+    """The overlay too: a lazy import inside a function (e.g. a method reaching the planner) closes a circle."""
+    modules = repo_modules()
+    graph = import_graph(modules)
+    overlay = {name for name in graph if name.startswith(f"{PACKAGE}.")}
+    assert len(overlay) > 20 and sum(len(graph[name]) for name in overlay) > 30, "the overlay's imports were read"
     assert circles(graph) == [], "an import circle: move what both need into a module of its own"
 
 

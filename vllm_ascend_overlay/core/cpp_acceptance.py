@@ -52,6 +52,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_samples import FitError, Point, admitted, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
@@ -290,7 +291,7 @@ def reference_prompt_tokens(rule: ChunkRule, max_history_tokens: int) -> int:
 
 def schedule_ttft_ms(rule: ChunkRule, truth: LatencyModel, prompt_tokens: int) -> float:
     """One prompt planned and chunked by ``rule``, its TTFT on ``truth``: sum of times + (P - 1) x the largest."""
-    plan = rule.plan_target([(0, prompt_tokens)])
+    plan = plan_target(rule, [(0, prompt_tokens)])
     budget = StepBudget(rule, plan)
     history, remaining, times = 0, prompt_tokens, []
     while remaining > 0:

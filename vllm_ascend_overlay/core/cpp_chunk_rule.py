@@ -206,12 +206,6 @@ class ChunkRule:
         fixed_ms = self.model.fixed_ms if fixed_ms is None else max(float(fixed_ms), self.model.fixed_ms)
         return Plan(float(target_ms), fixed_ms, self.efficient_chunks(fixed_ms))
 
-    def plan_target(self, prefills, **kwargs) -> Plan:
-        """The plan that minimises the predicted mean TTFT of ``prefills`` (core/cpp_planner.py)."""
-        from vllm_ascend.core.cpp_planner import plan_target
-
-        return plan_target(self, prefills, **kwargs)
-
     # ------------------------------------------------------------------ the chunk for a time
     def _context_cap(self, history_tokens: float) -> int:
         return min(self.limits.cap_tokens, whole_tokens(self.limits.max_model_len - history_tokens))

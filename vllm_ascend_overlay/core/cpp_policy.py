@@ -40,6 +40,7 @@ import numpy as np
 from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import Load, Traffic
 from vllm_ascend.log_adapter import get_logger
@@ -84,7 +85,8 @@ def _plan(
 ) -> Plan:
     """The plan for these inputs (core/cpp_planner.py); its decodes cost their share of each batch."""
     decode_ms = decode_share * float(rule.model.decode_ms_many(decode_histories).sum())
-    return rule.plan_target(
+    return plan_target(
+        rule,
         held,
         fixed_ms=rule.model.fixed_ms + decode_ms,
         inflight_ms=inflight_ms,

@@ -176,12 +176,14 @@ def describe_calibration(scheduler: Any, profiled_rule: Any, workload: Any) -> d
     final_rule = getattr(scheduler, "cpp_rule", None)
     if calibration is None or profiled_rule is None or final_rule is None:
         return None
+    from vllm_ascend.core.cpp_planner import plan_target
+
     first = [(0, workload.requests[0].prompt_tokens)]
     return {
         "timed_steps": scheduler.cpp_timed_steps,
         "refits_adopted": calibration.refits_adopted,
-        "profiled_target_ms": profiled_rule.plan_target(first).target_ms,
-        "final_target_ms": final_rule.plan_target(first).target_ms,
+        "profiled_target_ms": plan_target(profiled_rule, first).target_ms,
+        "final_target_ms": plan_target(final_rule, first).target_ms,
     }
 
 

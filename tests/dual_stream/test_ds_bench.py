@@ -270,6 +270,21 @@ def test_a_link_flag_out_of_range_stops_the_command_before_any_rank_starts(capsy
     assert "GB/s, in [0.01, 10000]: below 10 MB/s" in shown
 
 
+@pytest.mark.parametrize("where", ["under a file", "a folder"])
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch, where):
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(command, "run_ranks", no_ranks)
+    (tmp_path / "file").write_text("kept")
+    out, fault = {"under a file": (tmp_path / "file" / "r.json", "file is not a folder"),
+                  "a folder": (tmp_path, "is a folder")}[where]  # fmt: skip
+    assert command.main(["--quick", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {out}: ") and fault in err and "Traceback" not in err
+    assert (tmp_path / "file").read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 @pytest.mark.parametrize(
     "spec, message",
     [

@@ -165,6 +165,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why ``path`` cannot be written, found by making its folder and a file in it now; or None."""
+    if path.is_dir():
+        return "is a folder"
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is not a folder"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as error:
+        return error.strerror or str(error)
+    if path.exists() and not os.access(path, os.W_OK):
+        return "is not writable"
+    return None
+
+
 def plan_of(args: argparse.Namespace) -> dict:
     return {
         "quick": args.quick,
@@ -336,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(text)
         return 0
+    if fault := _unwritable(args.out):  # before the run, not after it
+        print(f"error: --out {args.out}: {fault}; name a file in a folder you can write", file=sys.stderr)
+        return 2
     plan = plan_of(args)
     load_before = os.getloadavg()
     started = time.monotonic()

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from cpp_samples import TRUE, measured_model
 from vllm_ascend.core import cpp_policy
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_planner import decodes_wait_ms, plan_target
 from vllm_ascend.core.cpp_policy import CppPolicy
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
@@ -114,3 +116,24 @@ def test_timed_steps_within_the_bound_keep_it_in_measured_time_and_others_do_not
     for _ in range(20):  # however slow the device, the pace moves the bound by at most MAX_PACE_FACTOR
         finish_timed(policy, paced=True, measured_over_predicted=10.0)
     assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)
+
+
+# ---------------------------------------------------------------- no target: what the decodes pay
+def test_a_decode_that_outlasts_the_prefills_waits_their_work_and_one_that_ends_first_waits_less():
+    targets = np.array([10.0, 20.0, 40.0])
+    work_ms = np.array([400.0, 320.0, 360.0])  # the prefills take 40, 16 and 9 batches
+    fixed_ms = 5.0
+    long_wait = decodes_wait_ms(targets, work_ms, fixed_ms, np.array([np.inf]), 4)
+    assert long_wait == pytest.approx((work_ms / targets) * (targets - fixed_ms))
+    short_wait = decodes_wait_ms(targets, work_ms, fixed_ms, np.array([2.0]), 4)  # 2 tokens: 8 steps at most
+    assert short_wait == pytest.approx(8 * (targets - fixed_ms))
+    assert np.argmin(short_wait) == 0  # it would have the shortest batches
+
+
+def test_decodes_about_to_end_get_shorter_batches_than_ones_that_outlast_the_prompt(model):
+    rule = ChunkRule(model, LIMITS, STAGES)
+    held = [(0, 32_768)]
+    fixed_ms = model.fixed_ms + 2.0
+    outlast = plan_target(rule, held, fixed_ms=fixed_ms, decoding=8, decode_left=[10_000] * 8, steps_per_token=4)
+    ending = plan_target(rule, held, fixed_ms=fixed_ms, decoding=8, decode_left=[2] * 8, steps_per_token=4)
+    assert ending.target_ms < outlast.target_ms

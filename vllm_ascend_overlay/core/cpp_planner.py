@@ -48,9 +48,11 @@ token of the prefills the scheduler holds, given P stages:
    is capped by it) and the prefills of one batch share that many tokens
    (``Plan.batch_tokens``), so at any history no batch is longer than that chunk's would
    be there: decodes wait no longer than under it, wherever in a prompt they fall.
-   Within that bound the planner still chooses the chunks. It then takes the shortest T
-   whose predicted mean TTFT is within ``DECODE_SLACK`` of the best; where the TTFT is
-   flat in T, batches get much shorter for almost nothing. With the user's TPOT target
+   Within that bound the planner still chooses the chunks, by an explicit objective: the
+   predicted mean end-to-end latency of the requests in flight, the prefills' TTFT plus
+   what the decodes wait for the prefills' share of each batch (``decodes_wait_ms``: a
+   decode that outlasts the prefills waits their work whatever T is, one about to end
+   waits less under shorter batches). With the user's TPOT target
    (``target_tpot_ms``) rule 4 is theirs instead: while requests decode, T is at most the
    target over the steps between two of a decode's tokens (``ChunkLimits.decode_step_ms``),
    no fixed chunk caps the chunks, and within that bound T is the least mean TTFT's.
@@ -83,7 +85,6 @@ from vllm_ascend.core.cpp_traffic import (
 )
 
 __all__ = [
-    "DECODE_SLACK",
     "EXACT_MAX_CHUNKS",
     "PLAN_MAX_PREFILLS",
     "TUNED_CHUNK_SLACK",
@@ -93,7 +94,6 @@ __all__ = [
 PLAN_MAX_PREFILLS = 8  # held prefills the target is planned for one by one (FCFS head; later ones as a queue)
 _PLAN_GRID = 16  # candidate targets per search round (two rounds)
 _GRID_STEPS = np.linspace(0.0, 1.0, _PLAN_GRID)  # candidates: low * (high / low) ** step
-DECODE_SLACK = 0.02  # with decodes in the batches: the shortest batch within 2% of the best mean TTFT
 TUNED_CHUNK_SLACK = 0.05  # rule 4's chunk: the smallest fixed chunk within 5% of the best predicted mean TTFT
 
 
@@ -124,6 +124,8 @@ def plan_target(
     inflight_ms: float = 0.0,
     decoding: int = 0,
     load: Load = NO_LOAD,
+    decode_left: Sequence[float] = (),
+    steps_per_token: int = 1,
 ) -> Plan:
     """The plan whose target minimises the predicted mean TTFT of ``prefills`` (see the module docstring).
 
@@ -181,18 +183,23 @@ def plan_target(
         return constant_chunk_if_better(rule, held, plan, high, inflight_ms, lowers, spread=tiles)
     if paced:  # within the user's bound, the least mean TTFT
         return Plan(float(candidates[best]), fixed_ms, efficient, batch_tokens)
-    # Decodes ride in these batches and wait for each one: take the shortest batch whose
-    # predicted mean TTFT is within DECODE_SLACK of the best target's.
-    shorter = (candidates <= candidates[best]) & (costs <= costs[best] * (1.0 + DECODE_SLACK))
-    return Plan(float(np.min(candidates[shorter], initial=candidates[best])), fixed_ms, efficient, batch_tokens)
+    # Decodes ride in these batches and wait for each one: the target of the least predicted mean
+    # end-to-end latency of the requests in flight, the prefills' TTFT and the decodes' wait.
+    left = np.array(list(decode_left) or [math.inf] * decoding, dtype=np.float64)
+    costs, work_ms, count = predicted_ttft_ms(
+        rule, held, candidates, fixed_ms, inflight_ms, efficient, load, queued, counted=True
+    )
+    wait_ms = decodes_wait_ms(candidates, work_ms, fixed_ms, left, steps_per_token)
+    objective = (costs * count + wait_ms) / (count + len(left))
+    return Plan(float(candidates[int(np.argmin(objective))]), fixed_ms, efficient, batch_tokens)
 
 
 def mean_ttft(
     request_ms: np.ndarray, chunks: np.ndarray, fixed_ms: float, batch_ms: np.ndarray, drain_ms: np.ndarray,
     load: Load, job_service_ms: np.ndarray | None = None, queued: tuple[int, np.ndarray, np.ndarray] | None = None,
-) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Mean TTFT of the held prefills and of the requests expected meanwhile, and the held ones'
-    total time, per candidate (rows).
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Mean TTFT of the held prefills and of the requests expected meanwhile, the held ones'
+    total time, and how many requests the mean is over, per candidate (rows).
 
     ``request_ms`` (candidates, prefills): each prefill's own work; ``chunks``: how many chunks
     it takes; ``batch_ms`` (candidates): the time a batch may take. Prefills finish in FCFS
@@ -221,12 +228,12 @@ def mean_ttft(
         held_ms = held_ms + waiting * (total_ms + drain_ms) + queue_ms * (waiting + 1) / 2
         count, all_ms = count + waiting, total_ms + queue_ms
     if load.arrivals_per_ms <= 0:
-        return held_ms / count, total_ms
+        return held_ms / count, total_ms, np.full_like(total_ms, count)
     service_ms = request_ms + fixed_ms * chunks if job_service_ms is None else job_service_ms
     wait_ms = queue_wait_ms(load, service_ms)
     future = load.arrivals_per_ms * all_ms
     future_ms = all_ms / 2 + wait_ms + service_ms.mean(axis=1) + drain_ms
-    return (held_ms + future * future_ms) / (count + future), total_ms
+    return (held_ms + future * future_ms) / (count + future), total_ms, count + future
 
 
 def _prefill_work(
@@ -258,10 +265,11 @@ def predicted_ttft_ms(
     efficient: EfficientChunks,
     load: Load = NO_LOAD,
     queued: tuple[int, int] = (0, 0),
-) -> tuple[np.ndarray, np.ndarray]:
+    counted: bool = False,
+) -> tuple[np.ndarray, ...]:
     """Per target (vectors): the mean predicted TTFT of ``held``, of the ``queued`` (requests,
     tokens) behind them and of the requests expected meanwhile (like ``load``'s jobs), and the
-    held prefills' total work in ms."""
+    held prefills' total work in ms (and, ``counted``, how many requests the mean is over)."""
     targets = np.asarray(targets, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         # One pass over the held prefills, the load's jobs and one request of the queue's mean
@@ -283,6 +291,25 @@ def predicted_ttft_ms(
         # The largest batch: the target, when the prefills' chunks can fill it, else all of them at once.
         batch_ms = np.minimum(targets, fixed_ms + largest_ms.sum(axis=1))
         drain_ms = (rule.num_stages - 1) * np.maximum(batch_ms, inflight_ms)
-        mean_ttft_ms, work_ms = mean_ttft(request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms, behind)
+        mean_ttft_ms, work_ms, count = mean_ttft(
+            request_ms, chunks, fixed_ms, targets, drain_ms, load, job_service_ms, behind
+        )
     ok = np.isfinite(mean_ttft_ms) & (work_ms > 0)
-    return np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
+    figures = np.where(ok, mean_ttft_ms, np.inf), np.where(ok, work_ms, np.inf)
+    return (*figures, count) if counted else figures
+
+
+def decodes_wait_ms(
+    targets: np.ndarray, work_ms: np.ndarray, fixed_ms: float, decode_left: np.ndarray, steps_per_token: int
+) -> np.ndarray:
+    """What the decoding requests wait in all, per target, for the prefills' share of the batches.
+
+    The held prefills take about ``work_ms / T`` batches of T each, and every batch is
+    ``T - fixed_ms`` longer than one of decodes alone. A decode with n tokens left sees a
+    batch every step until it ends: at most ``n * steps_per_token`` of them (a token every
+    pipeline round, or every step under asynchronous scheduling). One that outlasts the
+    prefills waits their work whatever T is; one that ends first waits less with shorter
+    batches, which is what makes the objective choose them."""
+    steps = work_ms / targets
+    seen = np.minimum(steps[:, None], steps_per_token * decode_left[None, :]).sum(axis=1)
+    return seen * np.maximum(targets - fixed_ms, 0.0)

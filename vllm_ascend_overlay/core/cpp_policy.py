@@ -82,6 +82,7 @@ def _plan(
     decode_share: float,
     inflight_ms: float,
     load: Load,
+    decode_left: Sequence[int] = (),
 ) -> Plan:
     """The plan for these inputs (core/cpp_planner.py); its decodes cost their share of each batch."""
     decode_ms = decode_share * float(rule.model.decode_ms_many(decode_histories).sum())
@@ -92,6 +93,8 @@ def _plan(
         inflight_ms=inflight_ms,
         decoding=len(decode_histories),
         load=load,
+        decode_left=decode_left,
+        steps_per_token=round(1.0 / decode_share),
     )
 
 
@@ -186,7 +189,9 @@ class CppPolicy:
     def plan(self) -> Plan:
         return self.budget.plan
 
-    def replan(self, held: Sequence[tuple[int, int]], decode_histories: Sequence[int]) -> None:
+    def replan(
+        self, held: Sequence[tuple[int, int]], decode_histories: Sequence[int], decode_left: Sequence[int] = ()
+    ) -> None:
         """Plan the target for the held prefills ((history, remaining) in FCFS order) and the decoding
         requests' histories: at once with nothing in flight, else in a planner thread, adopted at the
         next step's start (``adopt_plan``; this step keeps the plan it has). The inputs are this
@@ -199,6 +204,7 @@ class CppPolicy:
             self.decode_share,
             max((batch.predicted_ms for _, batch in self._in_flight), default=0.0),
             self.traffic.load(),
+            list(decode_left),
         )
         self._pending = None
         if not self._in_flight:

@@ -41,6 +41,7 @@ from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_planner import plan_target
+from vllm_ascend.core.cpp_running import ReservedDecodes
 from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import Load, Traffic
 from vllm_ascend.log_adapter import get_logger
@@ -140,12 +141,20 @@ class _Planner:
 
 @dataclass(frozen=True)
 class CppBatch:
-    """What the scheduler planned for one step (the step budget's ``charged``, kept as it was)."""
+    """What the scheduler planned for one step (the step budget's charges, kept as they were)."""
 
-    charged: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
+    individually: dict[str, tuple[int, int, float]]  # request -> chunk_tokens, history_tokens, ms
     predicted_ms: float
     timed: bool
     paced: bool = False  # made within a TPOT target's bound (requests decoding)
+    reserved: ReservedDecodes | None = None  # the step's reserved decodes
+
+    @property
+    def charged(self) -> dict[str, tuple[int, int, float]]:
+        """Every request of the step, reserved decodes first: request -> chunk_tokens, history_tokens, ms."""
+        if self.reserved is None:
+            return dict(self.individually)
+        return {**dict(self.reserved.items()), **self.individually}
 
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:
@@ -231,7 +240,7 @@ class CppPolicy:
     def scheduled(self, scheduler_output: Any, timed: bool) -> None:
         """Keep the step's record until its output is back."""
         budget = self.budget
-        record = CppBatch(budget.charged, budget.predicted_ms(), timed, budget.paced)
+        record = CppBatch(budget.individually, budget.predicted_ms(), timed, budget.paced, budget.reserved)
         self._in_flight.append((scheduler_output, record))
         if len(self._in_flight) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
             del self._in_flight[0]

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, Plan
+from vllm_ascend.core.cpp_running import ReservedDecodes
 
 __all__ = ["PASS_OVER", "PASS_OVER_LIMIT", "StepBudget"]
 
@@ -48,9 +49,11 @@ PACE_STEP = 0.01  # the decode step bound follows the measured pace in steps of 
 class StepBudget:
     """One scheduling step's time budget (rule 3): reserve decodes, grant prefills, charge, refund.
 
-    Decodes are reserved at step start as if already in the batch, so charging one as
-    reserved costs a dictionary lookup; ``settle`` drops the reservations of decodes the
-    step did not schedule after all (preempted before their turn).
+    Decodes are reserved at step start as if already in the batch (``reserved``: arrays in
+    running order, no per-decode entry built on the step's path), so charging one as reserved
+    costs nothing; ``settle`` drops the reservations of decodes the step did not schedule
+    after all (preempted before their turn). ``charged`` is every request in the step, the
+    reserved decodes first, built when asked (records and tests).
     """
 
     def __init__(self, rule: ChunkRule, plan: Plan | None = None) -> None:
@@ -59,6 +62,8 @@ class StepBudget:
         self.floor_every = 1  # under a TPOT target, the floor is owed once in this many steps (a pipeline round)
         self._floorless_steps = 1 << 30  # paced steps in a row that advanced no prefill (none yet: the floor is owed)
         self.paced = False  # requests decode in this step's time, under a TPOT target (``decoding``)
+        self._decode_table = np.zeros(0)  # each history's decode cost under ``_table_model`` (``decode_costs``)
+        self._table_model = None
         self.plan = plan if plan is not None else rule.plan(rule.model.time_ms(rule.limits.cap_tokens, 0))
         self.start()
 
@@ -112,14 +117,27 @@ class StepBudget:
         self.used_ms = self.rule.model.fixed_ms + extra_fixed_ms  # fixed + charged requests, reserved decodes included
         self.paced = False  # (until ``decoding`` says otherwise)
         self.charged_ms = extra_fixed_ms  # charged requests only
-        # request -> chunk_tokens, history_tokens, ms; a new dict each step, so a step's stays as it was
-        self.charged: dict[str, tuple[int, int, float]] = {}
+        # request -> chunk_tokens, history_tokens, ms of the requests charged one by one (not the reserved
+        # decodes); a new dict each step, so a step's stays as it was
+        self.individually: dict[str, tuple[int, int, float]] = {}
+        self.reserved: ReservedDecodes | None = None
         self.charged_tokens = 0  # tokens of every charged request, reserved decodes included
         self.prefills: set[str] = set()
         self.prefill_tokens = 0  # tokens charged to prefills in this step
         self.unfinished_tokens = math.inf  # the fewest left to a prefill granted here that this step does not finish
         self.passed_over = 0  # waiting requests passed over in this step
         self.allotted: dict[str, int] = {}  # request -> chunk, worked out in response-ratio order (``allot``)
+
+    @property
+    def charged(self) -> dict[str, tuple[int, int, float]]:
+        """Every request charged in this step, reserved decodes first: request -> chunk, history, ms (built)."""
+        if self.reserved is None:
+            return dict(self.individually)
+        return {**dict(self.reserved.items()), **self.individually}
+
+    @property
+    def any_charged(self) -> bool:
+        return bool(self.individually) or bool(self.reserved)
 
     def reserve_decodes(self, decodes: Iterable[tuple[str, int, int]]) -> None:
         """Book running decodes, (request, new_tokens, history_tokens), before any prefill: decodes are never cut."""
@@ -130,14 +148,36 @@ class StepBudget:
         request_ids, new_tokens, histories = zip(*decodes, strict=True)
         if len(decodes) >= _VECTOR_DECODES and max(new_tokens) == 1:
             # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
-            costs = model.decode_ms_many(np.array(histories, dtype=np.float64)).tolist()
+            costs = model.decode_ms_many(np.array(histories, dtype=np.float64))
         else:
-            costs = [model.request_ms(n, h) for n, h in zip(new_tokens, histories, strict=True)]
-        self.charged.update(zip(request_ids, zip(new_tokens, histories, costs, strict=True), strict=True))
-        self.charged_tokens += sum(new_tokens)
-        total_ms = sum(costs)
-        self.used_ms += total_ms
-        self.charged_ms += total_ms
+            costs = np.array([model.request_ms(n, h) for n, h in zip(new_tokens, histories, strict=True)])
+        ids = np.empty(len(request_ids), dtype=object)
+        ids[:] = request_ids
+        self._book(ReservedDecodes(ids, np.array(new_tokens), np.array(histories), costs))
+
+    def reserve_unit_decodes(self, request_ids: np.ndarray, histories: np.ndarray) -> None:
+        """``reserve_decodes`` of decodes of one token each, from arrays (``decode_costs``)."""
+        if len(request_ids):
+            costs = self.decode_costs(histories)
+            self._book(ReservedDecodes(request_ids, np.ones(len(request_ids), dtype=np.int64), histories, costs))
+
+    def _book(self, reserved: ReservedDecodes) -> None:
+        self.reserved = reserved if self.reserved is None else self.reserved.joined(reserved)
+        self.charged_tokens += reserved.tokens
+        self.used_ms += reserved.total_ms
+        self.charged_ms += reserved.total_ms
+
+    def decode_costs(self, histories: np.ndarray) -> np.ndarray:
+        """``decode_ms_many`` of whole histories, read from a table of the model's (each entry is what the
+        call gives for that history; it grows by doubling to the longest history seen, and is made again
+        when the model changes)."""
+        model, table = self.rule.model, self._decode_table
+        needed = int(histories.max()) + 1 if len(histories) else 0
+        if model is not self._table_model or needed > len(table):
+            size = max(needed, 2 * len(table) if model is self._table_model else needed, 1024)
+            table = self._decode_table = model.decode_ms_many(np.arange(size, dtype=np.float64))
+            self._table_model = model
+        return table[histories]
 
     def allot(
         self,
@@ -165,7 +205,7 @@ class StepBudget:
         if len(prefills) < 2:
             return  # one prefill: granted as visited, the same chunk
         model, used_ms, prefill_tokens = self.rule.model, self.used_ms, self.prefill_tokens
-        first, alone = not self.prefills, not self.charged
+        first, alone = not self.prefills, not self.any_charged
         tokens_per_s = self.rule.base_tokens_per_s
         step_s = self.plan.target_ms / 1000.0
         tokens_left = step_tokens - self.charged_tokens
@@ -203,7 +243,7 @@ class StepBudget:
             self.used_ms,
             self.prefill_tokens,
             not self.prefills,
-            not self.charged,
+            not self.any_charged,
         )
         if 0 < chunk < remaining_tokens:
             self.unfinished_tokens = remaining_tokens
@@ -262,14 +302,20 @@ class StepBudget:
             return PASS_OVER
         return granted
 
-    def charge(self, request_id: str, new_tokens: int, history_tokens: int) -> None:
+    def charge(self, request_id: str, new_tokens: int, history_tokens: int, *, reserved: bool = True) -> None:
         """A request is in the batch with ``new_tokens``: count its cost.
 
         A decode scheduled as reserved is already in; one scheduled otherwise (more or
         fewer speculative tokens) is counted again. Any request not reserved as a
-        decode is a prefill.
+        decode is a prefill. ``reserved=False``: the caller knows it was not reserved.
         """
-        previous = self.charged.get(request_id)
+        previous = self.individually.get(request_id)
+        if previous is None and reserved and self.reserved is not None:
+            previous = self.reserved.get(request_id)
+            if previous is not None:
+                if previous[0] == new_tokens and previous[1] == history_tokens:
+                    return
+                self.reserved.drop(request_id)  # charged again below, one by one
         prefill = previous is None or request_id in self.prefills
         if previous is not None:
             if previous[0] == new_tokens and previous[1] == history_tokens:
@@ -286,12 +332,14 @@ class StepBudget:
         cost_ms = self.rule.model.request_ms(new_tokens, history_tokens)
         self.used_ms += cost_ms
         self.charged_ms += cost_ms
-        self.charged[request_id] = (new_tokens, history_tokens, cost_ms)
+        self.individually[request_id] = (new_tokens, history_tokens, cost_ms)
         self.charged_tokens += new_tokens
 
     def refund(self, request_id: str) -> None:
         """A request charged (or reserved) in this step leaves it: preempted within the step."""
-        charged = self.charged.pop(request_id, None)
+        charged = self.individually.pop(request_id, None)
+        if charged is None and self.reserved is not None:
+            charged = self.reserved.drop(request_id)
         if charged is not None:
             self.used_ms -= charged[2]
             self.charged_ms -= charged[2]
@@ -308,7 +356,7 @@ class StepBudget:
         Every scheduled request is charged, so equal sizes mean equal sets: the usual
         step costs one comparison.
         """
-        if len(self.charged) != len(scheduled):
+        if len(self.individually) + len(self.reserved or ()) != len(scheduled):
             for request_id in [r for r in self.charged if r not in scheduled]:
                 self.refund(request_id)
         self._floorless_steps = self._floorless_steps + 1 if self.paced and not self.prefill_tokens else 0

@@ -11,10 +11,11 @@ Here is only the bookkeeping:
   what was measured, run through the same hooks (the step's token budget); or, when
   nothing valid was measured, vLLM's own loop with fixed chunks of
   ``max_num_batched_tokens``. One log line says which;
-- each step that holds or may admit a prefill: running decodes are reserved at their
-  true history, then the running prefills and the first waiting requests are allotted
-  their chunks, running ones first, waiting ones in response-ratio order (core/cpp_held.py
-  reads them, with the time each has waited on ``cpp_clock``, the clock of arrival times),
+- each step that holds or may admit a prefill: running decodes are reserved at their true
+  history (kept from step to step, core/cpp_running.py), then the running prefills and the
+  first waiting requests are allotted their chunks, running ones first, waiting ones in
+  response-ratio order (core/cpp_held.py reads them, with the time each has waited on
+  ``cpp_clock``, the clock of arrival times),
   and every prefill vLLM visits, running or waiting, gets its allotment or else its chunk
   of what is left, at its true history (prefix-cache hits included); a grant of 0 skips a
   running request, and passes over a waiting one (the next may be shorter) or stops
@@ -51,12 +52,14 @@ from dataclasses import replace
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.request import RequestStatus
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
+from vllm_ascend.core.cpp_running import RunningState
 from vllm_ascend.core.cpp_step_budget import PASS_OVER_LIMIT
 from vllm_ascend.deployment import fingerprint_for
 from vllm_ascend.log_adapter import get_logger
@@ -69,6 +72,9 @@ PLAN_LOOKAHEAD = 256  # waiting requests a plan sees: the first ones one by one,
 
 class ProfilingChunkScheduler(BalanceScheduler):
     """Per-step time budget for prefill chunks; see the module docstring."""
+
+    cpp_keep_state = True  # False: the running requests are read again at every sized step (the reference)
+    cpp_check_state = False  # True: each sized step compares the kept state with one read again (tests)
 
     def __init__(self, vllm_config, *args: Any, **kwargs: Any) -> None:
         super().__init__(vllm_config, *args, **kwargs)
@@ -88,7 +94,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_steps_since_plan = 0
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
-        self._cpp_open_prefills: list = []  # running requests that were prefills after the last sized step
+        self.cpp_running = RunningState(asynchronous=isinstance(self, AsyncScheduler))  # kept from step to step
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
@@ -212,31 +218,17 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget.start()
         self._cpp_prefix_hits.next_step()
         self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
-        # A running request becomes a prefill only by admission from the waiting queue, so
-        # with none waiting and no prefill left from the last sized step, the step holds
-        # decodes only: nothing to size, and the per-request bookkeeping is skipped.
-        self._cpp_sizing = bool(self._cpp_open_prefills or self.waiting or self.skipped_waiting)
+        # A running request becomes a prefill only by admission, so with none waiting and no prefill left
+        # from the last sized step, the step holds decodes only: nothing to size, nothing of it tracked.
+        state = self.cpp_running
+        self._cpp_sizing = bool(state.prefills or self.waiting or self.skipped_waiting)
         self._cpp_step_budget = budget if self._cpp_sizing else None
         if not self._cpp_sizing:
             return token_budget
-        prefills = []
-        decodes = []
-        for request in self.running:
-            history_tokens = request.num_computed_tokens
-            num_tokens = request.num_tokens
-            if num_tokens - history_tokens > 1:
-                prefills.append(request)
-                continue
-            # A decode; none while its last token is in flight, unless asynchronous
-            # scheduling already counts that token as a placeholder.
-            new_tokens = num_tokens - history_tokens + request.num_output_placeholders
-            if request.spec_token_ids:
-                new_tokens += len(request.spec_token_ids)
-            if new_tokens > 0:
-                decodes.append((request.request_id, new_tokens, history_tokens))
-        budget.decoding(len(self.running) > len(prefills))  # (in flight or not, each waits for this step)
-        budget.reserve_decodes(decodes)
-        self._cpp_open_prefills = prefills  # and, after the step, the prefills it admitted
+        state.step_start(self, keep=self.cpp_keep_state, check=self.cpp_check_state)
+        prefills = state.prefills
+        budget.decoding(state.num_decodes > 0)  # (in flight or not, each waits for this step)
+        state.reserve(self, budget)
         self._plan_if_prefills_changed(prefills)
         if self._cpp_stalled:
             # The last sized step advanced no prefill (the one allotted got no KV blocks): this
@@ -302,8 +294,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
             budget = self._cpp_step_budget
-            if budget is None or num_new_tokens <= 0 or request.request_id in budget.charged:
-                return num_new_tokens  # nothing to size (a decode in flight), or a decode reserved at step start
+            if budget is None or num_new_tokens <= 0:
+                return num_new_tokens  # nothing to size (a decode in flight)
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
                 return num_new_tokens  # decodes are reserved at step start and never cut
@@ -327,10 +319,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
             budget = self._cpp_step_budget
             if budget is None:
                 return
-            reserved = budget.charged.get(request.request_id)
-            if reserved is not None and reserved[0] == num_new_tokens and reserved[1] == history_tokens:
-                return  # a decode scheduled as reserved: already in (the budget's own check, first)
-            budget.charge(request.request_id, num_new_tokens, history_tokens)
+            if request.num_tokens - history_tokens > 1 or request.status != RequestStatus.RUNNING:
+                budget.charge(request.request_id, num_new_tokens, history_tokens, reserved=False)  # a prefill
+            elif not (num_new_tokens == 1 and budget.reserved is not None and budget.reserved.unit):
+                budget.charge(request.request_id, num_new_tokens, history_tokens)  # (the budget's own check)
+            # else: a decode scheduled as reserved (every decode with a token to schedule is), already in
         except Exception as error:
             self._cpp_fault("charging a scheduled request", error)
 
@@ -345,6 +338,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def schedule(self, *args: Any, **kwargs: Any):
         scheduler_output = super().schedule(*args, **kwargs)
         try:
+            if self.cpp_policy is not None and not self._cpp_sizing:
+                self.cpp_running.untracked_step(scheduler_output)
             timed = self._after_step(scheduler_output)
         except Exception as error:
             self._cpp_fault("the step's bookkeeping", error)
@@ -360,12 +355,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if self._cpp_sizing:
             budget.settle(scheduler_output.num_scheduled_tokens)
             self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
-            # The prefills still short of their prompt after this step; admitted ones included.
-            requests, charged = self.requests, budget.prefills
-            candidates = [r for r in self._cpp_open_prefills if r.request_id not in charged]
-            candidates += [requests[r] for r in charged if r in requests]
-            self._cpp_open_prefills = [r for r in candidates if r.num_tokens - r.num_computed_tokens > 1]
-        if budget.charged:
+            self.cpp_running.after_step(self, scheduler_output, budget)
+        if budget.any_charged:
             config = self.cpp_config
             if budget.prefills and config.need_timing:
                 self._cpp_prefill_steps += 1
@@ -386,10 +377,17 @@ class ProfilingChunkScheduler(BalanceScheduler):
             self._cpp_fault("online calibration", error)
         return super().update_from_output(scheduler_output, model_runner_output)
 
+    def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        self.cpp_running.stale = True  # (running requests may be preempted, with no step to say so)
+        return super().reset_prefix_cache(*args, **kwargs)
+
     def _calibrate(self, scheduler_output, model_runner_output) -> None:
         policy = self.cpp_policy
         if policy is None:
             return
+        connector = getattr(model_runner_output, "kv_connector_output", None)
+        self.cpp_running.stale |= bool(connector and connector.invalid_block_ids)  # (computed tokens go back)
+        self.cpp_running.output_back(scheduler_output)
         rule = policy.rule
         policy.finished(scheduler_output, getattr(model_runner_output, "execution_time_ms", None))
         if policy.rule is not rule:

@@ -12,7 +12,13 @@ lookups) runs, which one prompt at a time never needs. A fourth scheduler, upstr
 replaying CPP's batches (``replay_class``), separates what CPP's decisions cost from what
 vLLM's loop costs for the batches they make; ``--parts`` also times CPP's own pieces of a step.
 
-    make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 128] [--steps 300] [--burst 1]
+Each configuration (``--decodes`` 32, 128, 512 running decodes; ``--arrivals`` yes: prompts
+arriving, no: decodes only) runs ``--repeats`` times; the closing table gives, per
+configuration, the medians of CPP's time added over the loop making its batches (us a step),
+CPP over that loop and over identity hooks, and the share of steps at whose start CPP's
+running set had changed. ``--json FILE`` writes the table's rows.
+
+    make assemble && .venv/bin/python scripts/bench/cpp_sched_overhead.py [--decodes 32,128,512] [--steps 300]
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import json
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -80,7 +88,7 @@ def replay_class(balance_cls: type) -> type:
     return Replay
 
 
-def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lambda: None) -> list[float]:
+def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lambda: None, watched=None):
     """Mean microseconds of schedule() + update_from_output() per step, the schedulers taking turns.
 
     As vLLM's engine does under pipeline parallelism, each scheduler keeps ``args.in_flight``
@@ -91,7 +99,9 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
     ``--block 1``), so a change of machine load falls on all of them alike. Timing starts
     once every decoder's prompt has been admitted (``timing_starts()`` is called then).
     ``replayed``: (index of a scheduler whose batches are recorded, index of a
-    ``replay_class`` scheduler that runs them after it).
+    ``replay_class`` scheduler that runs them after it). ``watched``: the index of a scheduler whose
+    running set is compared step to step (untimed). Returns the microseconds per step of each scheduler
+    and the share of the watched one's steps that began with another running set than the step before.
     """
     source, replay = replayed if replayed is not None else (None, None)
     batches: dict[int, dict[str, int]] = {}
@@ -105,18 +115,23 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
             if not scheduler.waiting and out.total_num_scheduled_tokens == len(scheduler.running):
                 break
     timing_starts()
+    running_before, changed = None, 0
     elapsed = [0.0] * len(schedulers)
     in_flight = [collections.deque() for _ in schedulers]
     for first in range(0, args.steps, args.block):
         for index, scheduler in enumerate(schedulers):
             for step in range(first, min(first + args.block, args.steps)):
-                if step % args.every == 0:
+                if args.with_arrivals and step % args.every == 0:
                     for k in range(args.burst):
                         start_id = 10**6 + 10_000 * (step * args.burst + k)
                         prompt = list(range(start_id, start_id + 6000 // (k + 1)))
                         scheduler.add_request(helpers.make_request(f"long{step}-{k}", prompt, max_tokens=1))
                 if index == replay:
                     scheduler.replay = batches.pop(step)
+                if index == watched:
+                    running = {r.request_id for r in scheduler.running}
+                    changed += running_before is not None and running != running_before
+                    running_before = running
                 start = time.perf_counter()
                 out = scheduler.schedule()
                 elapsed[index] += time.perf_counter() - start
@@ -131,14 +146,16 @@ def run_side_by_side(schedulers, helpers, args, replayed=None, timing_starts=lam
                 start = time.perf_counter()
                 scheduler.update_from_output(*in_flight[index].popleft())
                 elapsed[index] += time.perf_counter() - start
-    return [total / args.steps * 1e6 for total in elapsed]
+    return [total / args.steps * 1e6 for total in elapsed], changed / max(1, args.steps - 1)
 
 
 def timing_plans(policy_module) -> dict[str, float]:
     """Seconds spent planning (``plan_target`` as core/cpp_policy.py calls it): ``step`` on the engine's thread,
     ``off`` in another."""
     spent = {"step": 0.0, "off": 0.0}
-    plan_target = policy_module.plan_target
+    plan_target = getattr(policy_module, "plan_target", None)
+    if plan_target is None:  # (a tree from before the policy called the planner by name: not timed)
+        return spent
 
     def timed(*args, **kwargs):
         start = time.thread_time()
@@ -157,7 +174,8 @@ def timing_plans(policy_module) -> dict[str, float]:
 PARTS = (
     ("scheduler", "_step_starts", "step start (all of it)"),
     ("held", "allotment_candidates", "  waiting prompts' prefix-cache lookups"),
-    ("budget", "reserve_decodes", "  decodes' reservation"),
+    ("running", "step_start", "  running requests brought to the step"),
+    ("budget", "reserve_unit_decodes", "  decodes' reservation"),
     ("budget", "allot", "  allotment's sizing"),
     ("scheduler", "_plan_if_prefills_changed", "  check whether to plan"),
     ("scheduler", "_after_step", "step's record after it"),
@@ -171,10 +189,10 @@ def timing_parts(scheduler_cls: type) -> dict[str, float]:
     A piece's own time only; the loop over the running requests is what the step start
     spends outside its timed pieces. Each timer costs about a microsecond a call, so a run
     with ``--parts`` prints the pieces, not ratios to quote."""
-    from vllm_ascend.core import cpp_held, cpp_step_budget, scheduler_profiling_chunk
+    from vllm_ascend.core import cpp_held, cpp_running, cpp_step_budget, scheduler_profiling_chunk
 
     spent: dict[str, float] = {label: 0.0 for _, _, label in PARTS}
-    owners = {"scheduler": scheduler_cls, "budget": cpp_step_budget.StepBudget}
+    owners = {"scheduler": scheduler_cls, "budget": cpp_step_budget.StepBudget, "running": cpp_running.RunningState}
 
     def timed(function, label):
         def wrapper(*args, **kwargs):
@@ -194,9 +212,35 @@ def timing_parts(scheduler_cls: type) -> dict[str, float]:
     return spent
 
 
-def main() -> int:
+def positive_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected whole numbers >= 1, comma-separated (e.g. 32,128,512), got {text!r}"
+        )
+    return values
+
+
+def arrival_list(text: str) -> list[bool]:
+    answers = {"yes": True, "no": False}
+    if not text or any(part not in answers for part in text.split(",")):
+        raise argparse.ArgumentTypeError(f"expected yes, no or yes,no, got {text!r}")
+    return [answers[part] for part in text.split(",")]
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--decodes", type=int, default=128)
+    parser.add_argument(
+        "--decodes", type=positive_list, default=[32, 128, 512], help="running decodes, e.g. 32,128,512"
+    )
+    parser.add_argument(
+        "--arrivals", type=arrival_list, default=[True, False], help="yes (prompts arrive), no, or both"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each configuration (the table gives medians)")
+    parser.add_argument("--json", metavar="FILE", help="write the table's rows as JSON")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--burst", type=int, default=1, help="prompts arriving together every --every steps")
     parser.add_argument("--every", type=int, default=20, help="steps between arrivals of prompts")
@@ -228,11 +272,21 @@ def main() -> int:
         help="leave the start-up heap to the garbage collector (the engine freezes it)",
     )
     args = parser.parse_args()
+    for name in ("repeats", "steps", "every", "burst", "block"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    if args.stages < 2:
+        parser.error(f"--stages must be at least 2 (CPP runs only under pipeline parallelism), got {args.stages}")
+    if args.json:
+        target = Path(args.json)
+        if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
+            parser.error(f"--json {args.json}: cannot write a file there (give a file in an existing, writable folder)")
     args.in_flight = args.stages if args.in_flight is None else max(1, args.in_flight)
-    _setup()
-    import helpers
-    from test_scheduler_profiling_chunk import FakeExecutor
+    return args
 
+
+def one_run(args, helpers, executor_cls, parts_s, planning_s) -> dict[str, float]:
+    """The four schedulers side by side on one configuration (``args.decodes``, ``args.with_arrivals``)."""
     scheduler_cls = helpers.profiling_chunk_scheduler_class()
     tmp = Path(tempfile.mkdtemp(prefix="cpp-overhead-"))
     common = dict(
@@ -251,9 +305,8 @@ def main() -> int:
         additional_config={"profiling_chunk_config": {"enabled": True, "cache_dir": "", "profile_repeats": 1}},
         **common,
     )
-    cpp.run_profiling_chunk_init(FakeExecutor())
+    cpp.run_profiling_chunk_init(executor_cls())
     same_batches = helpers.make_scheduler(replay_class(balance_cls), **common)
-    schedulers = (fixed, identity, cpp, same_batches)
     if not args.no_freeze:
         # As vLLM's engine core does once it is set up: the start-up heap (modules, the
         # schedulers, CPP's profile) is frozen, so the collector's oldest generation does
@@ -261,20 +314,20 @@ def main() -> int:
         from vllm.utils.gc_utils import freeze_gc_heap
 
         freeze_gc_heap()
-    from vllm_ascend.core import cpp_policy
-
-    planning_s = timing_plans(cpp_policy)
-    parts_s = timing_parts(scheduler_cls) if args.parts else {}
 
     def timing_starts() -> None:
         planning_s.update(step=0.0, off=0.0)
         parts_s.update(dict.fromkeys(parts_s, 0.0))
 
-    fixed_us, identity_us, cpp_us, same_us = run_side_by_side(
-        schedulers, helpers, args, replayed=(2, 3), timing_starts=timing_starts
+    (fixed_us, identity_us, cpp_us, same_us), changed = run_side_by_side(
+        (fixed, identity, cpp, same_batches), helpers, args, replayed=(2, 3), timing_starts=timing_starts, watched=2
     )
-    prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
-    print(f"{args.decodes} decoding requests, {prompts} every {args.every} steps, {args.steps} steps")
+    if not args.with_arrivals:
+        prompts = "no prompts arriving"
+    else:
+        prompts = "a 6000-token prompt" if args.burst == 1 else f"{args.burst} prompts (6000, 3000, ... tokens)"
+        prompts += f" every {args.every} steps"
+    print(f"\n{args.decodes} decoding requests, {prompts}, {args.steps} steps")
     print(f"{args.in_flight} batch(es) in flight, {args.device_ms:g} ms on the device between steps (untimed)")
     print(f"fixed chunks, vLLM's loop:        {fixed_us:8.1f} us per step")
     print(f"upstream's loop, identity hooks:  {identity_us:8.1f} us per step   ratio {identity_us / fixed_us:.2f}")
@@ -284,6 +337,7 @@ def main() -> int:
         print(f"  (its batch differed from CPP's in {same_batches.differed} of {args.steps} steps)")
     print(f"CPP over upstream's loop with identity hooks: {cpp_us / identity_us:.3f}")
     print(f"CPP over upstream's loop making the same batches (the decisions' cost): {cpp_us / same_us:.3f}")
+    print(f"steps that began with another running set than the step before: {100 * changed:.1f}%")
     on_step, off_step = (planning_s[k] / args.steps * 1e6 for k in ("step", "off"))
     print(f"CPP's planning per step: {on_step:.1f} us in the step (counted above),", end=" ")
     print(f"{off_step:.1f} us in the planner thread")
@@ -291,6 +345,44 @@ def main() -> int:
         print("CPP's own pieces, us per step (timers included):")
         for label, seconds in parts_s.items():
             print(f"  {label:44s} {seconds / args.steps * 1e6:8.1f}")
+    return {"identity": identity_us, "cpp": cpp_us, "same": same_us, "changed": changed}
+
+
+def main() -> int:
+    args = parse_args()
+    _setup()
+    import helpers
+    from test_scheduler_profiling_chunk import FakeExecutor
+    from vllm_ascend.core import cpp_policy
+
+    planning_s = timing_plans(cpp_policy)
+    parts_s = timing_parts(helpers.profiling_chunk_scheduler_class()) if args.parts else {}
+    decodes, rows = args.decodes, []
+    for count in decodes:
+        for with_arrivals in args.arrivals:
+            args.decodes, args.with_arrivals = count, with_arrivals
+            runs = [one_run(args, helpers, FakeExecutor, parts_s, planning_s) for _ in range(args.repeats)]
+            median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            rows.append(
+                {
+                    "decodes": count,
+                    "arrivals": with_arrivals,
+                    "decode_only": not with_arrivals,
+                    "added_us_per_step": round(median["cpp"] - median["same"], 1),
+                    "vs_same_batch": round(statistics.median(r["cpp"] / r["same"] for r in runs), 4),
+                    "vs_identity": round(statistics.median(r["cpp"] / r["identity"] for r in runs), 4),
+                    "set_changed_share": round(median["changed"], 4),
+                }
+            )
+    print(f"\nCPP's cost per step, medians of {args.repeats} run(s) of {args.steps} steps (P = {args.stages}):")
+    print("decodes  arrivals  added us/step  CPP/same-batch loop  CPP/identity hooks  steps with a set change")
+    for row in rows:
+        print(
+            f"{row['decodes']:7d}  {'yes' if row['arrivals'] else 'no':>8s}  {row['added_us_per_step']:13.1f}"
+            f"  {row['vs_same_batch']:19.3f}  {row['vs_identity']:18.3f}  {100 * row['set_changed_share']:22.1f}%"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -9,6 +9,7 @@ shorter ones) and stopping where CPP stopped.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -22,11 +23,13 @@ SCRIPT = BENCH_DIR / "cpp_sched_overhead.py"
 PER_STEP = re.compile(r"^(.+?):\s+([\d.]+) us per step", re.MULTILINE)
 
 
-def test_replay_makes_cpps_batches_in_every_step():
+def test_replay_makes_cpps_batches_in_every_step(tmp_path):
+    out = tmp_path / "rows.json"
     args = ["--steps", "60", "--decodes", "8", "--every", "3", "--burst", "3", "--device-ms", "0", "--parts"]
+    args += ["--repeats", "1", "--json", str(out)]
     run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "60 steps" in run.stdout
+    assert "60 steps" in run.stdout and "no prompts arriving" in run.stdout
     assert "differed" not in run.stdout, run.stdout
     timings = dict(PER_STEP.findall(run.stdout))
     assert set(timings) == {
@@ -36,5 +39,28 @@ def test_replay_makes_cpps_batches_in_every_step():
         "upstream's loop, CPP's batches",
     }, run.stdout
     assert all(float(us) > 0 for us in timings.values())
-    pieces = dict(re.findall(r"^  +(\S.*?\S) +([\d.]+)$", run.stdout.split("CPP's own pieces", 1)[1], re.MULTILINE))
-    assert len(pieces) == 7 and all(float(us) > 0 for us in pieces.values()), run.stdout  # every timer ran
+    first = run.stdout.split("CPP's own pieces", 1)[1].split("decoding requests", 1)[0]
+    pieces = dict(re.findall(r"^  +(\S.*?\S) +([\d.]+)$", first, re.MULTILINE))
+    assert len(pieces) == 8 and all(float(us) > 0 for us in pieces.values()), run.stdout  # every timer ran
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["decodes"], r["arrivals"], r["decode_only"]) for r in rows] == [(8, True, False), (8, False, True)]
+    for row in rows:
+        assert row["added_us_per_step"] == pytest.approx(float(row["added_us_per_step"]))
+        assert row["vs_same_batch"] > 0 and row["vs_identity"] > 0
+    assert rows[0]["set_changed_share"] > 0 and rows[1]["set_changed_share"] == 0  # arrivals change the set
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--decodes", "32,x"], "--decodes"),
+        (["--arrivals", "maybe"], "--arrivals"),
+        (["--repeats", "0"], "--repeats"),
+        (["--json", "/nonexistent-folder/rows.json"], "--json"),
+    ],
+)
+def test_bad_input_is_named_and_exits_2_before_any_run(args, message):
+    run = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert message in run.stderr and "Traceback" not in run.stderr
+    assert "decoding requests" not in run.stdout

@@ -411,7 +411,9 @@ def test_decode_only_steps_are_not_sized_and_a_skipped_prefill_stays_held(tmp_pa
         out, plan = step()
         assert out.num_scheduled_tokens == {"chat": 1}
         assert plan is None and not out.cpp_time_step
-    assert not scheduler.cpp_policy.budget.charged  # nothing was reserved
+    identity = sys.modules[ProfilingChunkScheduler.__module__].ScheduleHooks  # nothing reserved nor charged:
+    assert scheduler.charge_scheduled_tokens.__func__ is identity.charge_scheduled_tokens  # the identity hooks
+    assert scheduler.cap_running_tokens.__func__ is identity.cap_running_tokens
 
     scheduler.add_request(request("long", 3000, 1))
     out, plan = step()

@@ -14,33 +14,27 @@ Here is only the bookkeeping:
 - each step that holds or may admit a prefill: running decodes are reserved at their true
   history (kept from step to step, core/cpp_running.py), then the running prefills and the
   first waiting requests are allotted their chunks, running ones first, waiting ones in
-  response-ratio order (core/cpp_held.py reads them, with the time each has waited on
-  ``cpp_clock``, the clock of arrival times),
-  and every prefill vLLM visits, running or waiting, gets its allotment or else its chunk
-  of what is left, at its true history (prefix-cache hits included); a grant of 0 skips a
-  running request, and passes over a waiting one (the next may be shorter) or stops
-  admission. After a sized step that advanced no prefill (the one allotted got no KV
+  response-ratio order (core/cpp_held.py, waited time on ``cpp_clock``), and every prefill
+  vLLM visits gets its allotment or else its chunk of what is left, at its true history
+  (prefix-cache hits included); a grant of 0 skips a running request, and passes over a
+  waiting one or stops admission. After a sized step that advanced no prefill (no KV
   blocks), one step is sized as vLLM visits. A step with no prefill left and none waiting
-  is not sized;
-- the batch-time target is planned again (core/cpp_planner.py) only when the set of held
-  prefills changes (an arrival, a prompt finished, a preemption) or decodes start or stop,
-  from the prefills in FCFS order (a waiting one from its prefix-cache hit, looked up as
-  admission will), the decodes' share of a batch and the largest batch still in flight;
-  with a batch in flight, off the step (core/cpp_policy.py);
-- timing: a step that holds a prefill chunk is marked for timing
-  (``scheduler_output.cpp_time_step``): every such step until ``max_fit_chunk`` were
-  timed, then one in ``timing_every``; unmarked steps cost the workers nothing. A marked
-  step's ``execution_time_ms`` (the slowest stage's compute) feeds online calibration;
-- faults: an exception in any of this (a hook, the planner, the budget, the timing
-  bookkeeping) never reaches vLLM's engine loop. The hook answers what upstream's loop
-  would have done, one warning names the fault, and CPP is off for the rest of the
-  process (vLLM's own loop from the next step).
+  is not sized (the loop's per-request hooks are then the identity ones);
+- the batch-time target is planned again (core/cpp_planner.py) only when the held prefills
+  change or decodes start or stop, from the prefills in FCFS order (a waiting one from its
+  prefix-cache hit), the decodes and the largest batch in flight; with a batch in flight,
+  off the step (core/cpp_policy.py);
+- timing: a step that holds a prefill chunk is marked (``scheduler_output.cpp_time_step``):
+  each until ``max_fit_chunk`` were timed, then one in ``timing_every``; a marked step's
+  ``execution_time_ms`` (the slowest stage's compute) feeds online calibration;
+- faults: an exception in any of this never reaches vLLM's engine loop: the hook answers
+  what upstream's loop would have done, one warning names the fault, and CPP is off for
+  the rest of the process (vLLM's own loop from the next step).
 
 Without an engine (tests, offline simulation): construct it like any vLLM scheduler, call
 ``run_profiling_chunk_init(executor)`` once (``executor.collective_rpc("profile_prefill_latency",
-args=(chunk_tokens, history_tokens))`` returns per-worker ms; or pass ``measure=fn``), then
-alternate ``schedule()`` and ``update_from_output(output, model_runner_output)``;
-``planned_batch(output)`` is a step's pairs and predicted time until its output is back.
+args=(chunk_tokens, history_tokens))`` returns per-worker ms; or ``measure=fn``), then alternate
+``schedule()`` and ``update_from_output(...)``; ``planned_batch(output)`` is a step's record.
 """
 
 from __future__ import annotations
@@ -61,6 +55,7 @@ from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
 from vllm_ascend.core.cpp_running import RunningState
 from vllm_ascend.core.cpp_step_budget import PASS_OVER_LIMIT
+from vllm_ascend.core.schedule_hooks import ScheduleHooks
 from vllm_ascend.deployment import fingerprint_for
 from vllm_ascend.log_adapter import get_logger
 from vllm_ascend.patch.platform.patch_balance_schedule import BalanceScheduler
@@ -87,14 +82,15 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self.cpp_fixed_chunk_tokens: int | None = None  # the fallback's fixed chunk, when there is no model
         self.cpp_policy: CppPolicy | None = None  # the model, the plan and the step budget (None: no model)
         self._cpp_profiled = False
-        self.cpp_timed_steps = 0
-        self._cpp_prefill_steps = 0
+        self.cpp_timed_steps = self._cpp_prefill_steps = 0
         self._cpp_plan_key: tuple | None = None  # the held prefills (ids) and any decodes the plan saw ...
         self._cpp_plan_shape: tuple | None = None  # ... and their sizes, within a factor of sqrt(2)
         self._cpp_steps_since_plan = 0
         self._cpp_sizing = False  # this step holds or may admit a prefill
         self._cpp_step_budget = None  # the step budget while the step is a sized one
         self.cpp_running = RunningState(asynchronous=isinstance(self, AsyncScheduler))  # kept from step to step
+        hooks = ("cap_running_tokens", "charge_scheduled_tokens")  # a step not sized answers with these
+        self._cpp_identity_hooks = {name: getattr(ScheduleHooks, name).__get__(self) for name in hooks}
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
@@ -215,16 +211,19 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if self.cpp_policy is None:
             return token_budget
         budget = self.cpp_policy.budget
-        budget.start()
-        self._cpp_prefix_hits.next_step()
         self.cpp_policy.adopt_plan()  # made off the last step, while the device ran
         # A running request becomes a prefill only by admission, so with none waiting and no prefill left
         # from the last sized step, the step holds decodes only: nothing to size, nothing of it tracked.
         state = self.cpp_running
         self._cpp_sizing = bool(state.prefills or self.waiting or self.skipped_waiting)
         self._cpp_step_budget = budget if self._cpp_sizing else None
-        if not self._cpp_sizing:
+        if not self._cpp_sizing:  # the loop's per-request hooks are the identity ones for this step
+            self.__dict__.update(self._cpp_identity_hooks)
             return token_budget
+        for name in self._cpp_identity_hooks:
+            self.__dict__.pop(name, None)
+        budget.start()
+        self._cpp_prefix_hits.next_step()
         state.step_start(self, keep=self.cpp_keep_state, check=self.cpp_check_state)
         prefills = state.prefills
         budget.decoding(state.num_decodes > 0)  # (in flight or not, each waits for this step)
@@ -352,10 +351,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if policy is None:
             return False
         budget, timed = policy.budget, False
-        if self._cpp_sizing:
-            budget.settle(scheduler_output.num_scheduled_tokens)
-            self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
-            self.cpp_running.after_step(self, scheduler_output, budget)
+        if not self._cpp_sizing:
+            return False
+        budget.settle(scheduler_output.num_scheduled_tokens)
+        self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
+        self.cpp_running.after_step(self, scheduler_output, budget)
         if budget.any_charged:
             config = self.cpp_config
             if budget.prefills and config.need_timing:

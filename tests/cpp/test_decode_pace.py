@@ -137,3 +137,11 @@ def test_decodes_about_to_end_get_shorter_batches_than_ones_that_outlast_the_pro
     outlast = plan_target(rule, held, fixed_ms=fixed_ms, decoding=8, decode_left=[10_000] * 8, steps_per_token=4)
     ending = plan_target(rule, held, fixed_ms=fixed_ms, decoding=8, decode_left=[2] * 8, steps_per_token=4)
     assert ending.target_ms < outlast.target_ms
+
+
+def test_the_bound_leaves_room_for_the_steps_the_model_predicts_short_not_only_for_its_mean_error(model):
+    """Decodes wait for every step as it runs: two steps in sixteen 20% slower than predicted set the bound."""
+    policy = policy_with_target(model, 20.0)
+    for ratio in [1.0] * 14 + [1.2] * 2:
+        finish_timed(policy, paced=True, measured_over_predicted=ratio)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.2)

@@ -43,7 +43,7 @@ __all__ = ["PASS_OVER", "PASS_OVER_LIMIT", "StepBudget"]
 PASS_OVER = -1  # ``admit``'s answer for a waiting request to skip this step (the loop goes on to the next)
 PASS_OVER_LIMIT = 8  # waiting requests one step passes over to reach a shorter one behind them
 _VECTOR_DECODES = 16  # from this many decodes in a step, their costs come from one vectorised call
-PACE_STEP = 0.01  # the decode step bound follows the measured pace in steps of at least 1%
+PACE_STEP = 0.005  # the decode step bound follows the measured pace in steps of at least 0.5%
 
 
 class StepBudget:

@@ -146,7 +146,8 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the steeper slope measured to the sizes")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", "the T of the least predicted mean end-to-end latency of the requests in")
-    says("docs/cpp.md", f"(the geometric mean of the latest {cpp_policy.PACE_WINDOW})")
+    says("docs/cpp.md", f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach)")
+    assert cpp_policy.PACE_QUANTILE_TENTHS == 9
     says("docs/cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
     says("docs/cpp.md", f"a plan not back within {cpp_policy.PLAN_TIMEOUT_S:g} s is a fault")
     says("docs/cpp.md", f"one behind it is still admitted; at most {cpp_step_budget.PASS_OVER_LIMIT} per step")

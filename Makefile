@@ -11,13 +11,14 @@ AUTHOR ?=
 TOOL = PYTHONPATH=scripts $(PYTHON) -m vllm_ascend_patchset
 TARGET_ARGS = $(if $(PY),--py $(PY)) $(if $(ARCH),--arch $(ARCH))
 PYTEST_ARGS ?=
+RUN ?=
 E2E_VENV ?= .cache/e2e/venv
 BENCH_E2E_ARGS ?=
 BENCH_DS_ARGS ?=
 BENCH_E2E_DS_ARGS ?=
 ARGS ?=
 
-.PHONY: wheel wheels assemble test test-fast upstream-ut venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds clean help
+.PHONY: wheel wheels assemble test test-fast upstream-ut venv diffs config-docs check-pin port lint format bench bench-traces bench-ds e2e-env e2e bench-e2e bench-e2e-ds results doc-images clean help
 
 wheel:            ## patched wheel for this machine (or PY=cp310 ARCH=aarch64)
 	$(TOOL) wheel $(TARGET_ARGS)
@@ -100,6 +101,12 @@ bench-e2e-ds: e2e-env assemble  ## real CPU engine, TP=2: prefill time with dual
 bench-e2e: venv e2e-env assemble  ## real CPU engine: fixed chunks, upstream's CPP, ours, and the twin's prediction
 	PYTHONPATH=scripts $(E2E_VENV)/bin/python -m vllm_ascend_patchset.e2e.run bench \
 	  --twin-python $(abspath $(VENV))/bin/python $(BENCH_E2E_ARGS)
+
+results: venv     ## rewrite docs/results.md from the saved bench outputs in docs/results/ (RUN=name,...: run those benches anew first)
+	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/results.py $(if $(RUN),--run $(RUN))
+
+doc-images: venv assemble  ## draw docs/images/ again: the twin's Gantt chart of a 32k prompt, the dual-stream timeline
+	PYTHONPATH=scripts $(VENV)/bin/python scripts/bench/doc_images.py
 
 lint: venv        ## ruff check + format check through the pre-commit local hooks
 	PATH=$(abspath $(VENV))/bin:$$PATH $(VENV)/bin/pre-commit run --all-files

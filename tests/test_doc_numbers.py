@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import inspect
 import re
+import sys
 
 import pytest
 from vllm_ascend.core import (
@@ -33,6 +35,7 @@ from vllm_ascend_patchset.e2e import smoke as e2e_smoke
 from vllm_ascend_patchset.e2e.model import TINY_QWEN3
 from vllm_ascend_patchset.paths import BENCH_DIR, CPU_SURFACE, DATA_DIR, OVERLAY_DIR, ROOT
 from vllm_ascend_patchset.python_source import class_def, parse_file
+from vllm_ascend_patchset.results_tables import policy, surface_of, table_rows, trace_summary
 from vllm_ascend_patchset.twin import engine, optimum, slo, stress, surface, workloads
 from vllm_ascend_patchset.twin.command import build_parser as twin_parser
 from vllm_ascend_patchset.twin.policies import ours as ours_policy
@@ -432,3 +435,81 @@ def test_says_finds_a_phrase_across_a_line_break_and_nothing_else(doc):
     says(doc, first_line.replace(" ", "\n  ", 1))
     with pytest.raises(AssertionError, match="should say"):
         says(doc, first_line + " and a sentence no doc holds")
+
+
+# ----------------------------------------------------------------------------- docs/results.md and its quotes
+
+
+@pytest.fixture(scope="module")
+def results():
+    """scripts/bench/results.py, and the saved bench outputs docs/results.md is rendered from."""
+    spec = importlib.util.spec_from_file_location("results", BENCH_DIR / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["results"] = module
+    spec.loader.exec_module(module)
+    return module, module.load(module.SAVED)
+
+
+def test_the_results_page_is_what_the_saved_bench_outputs_render(results):
+    module, saved = results
+    text = (ROOT / "docs/results.md").read_text()
+    assert module.rewrite(text, saved) == text, "run: make results"
+
+
+def test_the_twin_figures_the_readme_and_the_cpp_doc_quote_are_the_results_pages(results):
+    saved = results[1]
+    (case,) = [c for c in saved["twin-long"]["output"] if surface_of(c) == "cpu_surface" and c["stages"] == 4
+               and c["workload"] == "long-128k"]  # fmt: skip
+    ours, upstream, fixed, tuned = (
+        policy(case, name)["ttft_mean_ms"] for name in ("ours", "upstream-cpp", "vllm-fixed-8192", "tuned-fixed")
+    )
+    assert abs(ours / tuned - 1) < 0.005  # "level with"
+    long_prompt = (
+        f"{1 - ours / upstream:.0%} less time to first token than upstream's CPP, {1 - ours / fixed:.0%} less than "
+        f"vLLM's fixed 8192, within {ours / case['optimum']['best_ms'] - 1:.1%} of the optimum and level with the "
+        "best fixed chunk"
+    )
+    cpu, syn = (trace_summary(saved["twin-traces"], s) for s in ("cpu_surface", "synthetic"))
+    traces = (
+        f"{cpu['cases'] + syn['cases']} cases (3 slices, loads 0.5-0.95, P = 2 and 4, two surfaces): mean TTFT "
+        f"{cpu['ttft']:.2f}x (CPU surface) and {syn['ttft']:.2f}x (synthetic) the tuned fixed chunk's, mean "
+        f"end-to-end {cpu['e2e']:.2f}x and {syn['e2e']:.2f}x, goodput {cpu['goodput']:.0f}% and "
+        f"{syn['goodput']:.0f}% against {cpu['tuned_goodput']:.0f}% and {syn['tuned_goodput']:.0f}%"
+    )
+    tail = (
+        f"its P99 over 1.10x the tuned chunk's in {cpu['tpot_tail_cases'] + syn['tpot_tail_cases']} of the "
+        f"{cpu['cases'] + syn['cases']} cases (at most {max(cpu['tpot_worst'], syn['tpot_worst']):.2f}x)"
+    )
+    for phrase in (long_prompt, traces, tail):
+        says("README.md", phrase)
+
+
+def test_the_cpu_engine_and_dual_stream_figures_the_readme_quotes_are_the_results_pages(results):
+    saved = results[1]
+    faster = sorted(1 - float(r["vs upstream"]) for r in table_rows(saved["e2e-prompt"]) if r["policy"] == "ours")
+    repeats = {r["prompt"]: r for r in table_rows(saved["e2e-repeats"]) if r["policy"] == "ours"}
+    ratio = {k: [float(v) for v in r["ours / fixed-1024 (mean, ± 2 s.e.)"].split("±")] for k, r in repeats.items()}
+    assert abs(ratio["16k"][0] - 1) < 0.005 and abs(ratio["32k"][0] - 1) < ratio["32k"][1]  # level; within 2 s.e.
+    says(
+        "README.md",
+        f"{100 * faster[0]:.1f}-{100 * faster[-1]:.1f}% faster than upstream's CPP; against the best fixed chunk, "
+        f"level at 16k and {1 - ratio['32k'][0]:.1%} faster at 32k, within twice the standard error",
+    )
+    runs: dict[str, dict[str, dict[str, str]]] = {}
+    for row in table_rows(saved["e2e-trace"]):
+        runs.setdefault(row["run"], {})[row["policy"]] = row
+    ttft, tpot = [], []
+    for rows in runs.values():
+        best = min((r for name, r in rows.items() if name.startswith("fixed-")), key=lambda r: float(r["TTFT mean"]))
+        ttft.append(float(rows["ours"]["TTFT mean"]) / float(best["TTFT mean"]))
+        tpot.append(float(rows["ours"]["TPOT P99"]) / float(best["TPOT P99"]))
+    says(
+        "README.md",
+        f"{len(runs)} runs: mean TTFT {min(ttft):.2f}-{max(ttft):.2f}x the best fixed chunk's with TPOT P99 "
+        f"{min(tpot):.2f}-{max(tpot):.2f}x it",
+    )
+    (comm35,) = [r for r in table_rows(saved["ds-bench"]) if r["link"] == "comm35"]
+    dual = comm35["2600-token prompts, 5.2k / 15.6k tokens: dual/single, eff"].split(",")[0]
+    says("README.md", f"a link emulated at 35% of the time in communication), 2600-token prompts: {dual}x the single")
+    cost = table_rows(saved["cpp-sched-overhead"])[0]["CPP / upstream's loop, identity hooks"]
+    says("README.md", f"{cost} the CPU time of upstream's loop at P = 4 with 128 decodes")

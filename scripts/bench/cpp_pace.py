@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'  MISS ' + ','.join(row['misses']) if row['misses'] else ''}",
                 flush=True,
             )
-    print()
+    print("\nsummary: per surface with no target, then per target the cases that miss each goal")
     for surface, values in geo.items():
         e2e = math.exp(sum(math.log(e) for e, _ in values) / len(values))
         ttft = math.exp(sum(math.log(t) for _, t in values) / len(values))

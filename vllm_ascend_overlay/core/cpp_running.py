@@ -109,6 +109,7 @@ class RunningState:
         self._ids = np.empty(0, dtype=object)
         self._history = np.zeros(0, dtype=np.int64)
         self._ready = np.zeros(0, dtype=bool)  # it has a token to schedule now
+        self._used = np.zeros(0, dtype=bool)  # the slot holds a request
         self._generation = np.zeros(0, dtype=np.int64)  # bumped when a slot is reused
         self._order = np.zeros(0, dtype=np.int64)  # decoding slots in running order
         self._order_seq = np.zeros(0, dtype=np.int64)
@@ -169,7 +170,7 @@ class RunningState:
         if len(slots):
             if dropped:
                 slots = slots[[request_id not in dropped for request_id in self._ids[slots].tolist()]]
-            slots = slots[self._ids[slots] != None]  # noqa: E711  (a preempted decode's slot was freed)
+            slots = slots[self._used[slots]]  # (a preempted decode's slot was freed)
             self._history[slots] += 1
             if not self.asynchronous:  # its next token needs this one back
                 self._ready[slots] = False
@@ -204,7 +205,7 @@ class RunningState:
             self.stale = True
         for slots, generations in self._pending.pop(key, ()):
             alive = slots[self._generation[slots] == generations]
-            self._ready[alive[self._ids[alive] != None]] = True  # noqa: E711
+            self._ready[alive[self._used[alive]]] = True
 
     def _wait_for(self, output: Any, slots: np.ndarray) -> None:
         self._pending.setdefault(id(output), []).append((slots, self._generation[slots].copy()))
@@ -220,7 +221,7 @@ class RunningState:
                 self._grow()
             slot = self._slot[request_id] = self._free.pop()
             self._generation[slot] += 1
-            self._ids[slot] = request_id
+            self._ids[slot], self._used[slot] = request_id, True
             seq = self._seq.setdefault(request_id, self._next_seq)
             self._next_seq = max(self._next_seq, seq + 1)
             at = int(np.searchsorted(self._order_seq, seq))
@@ -237,8 +238,7 @@ class RunningState:
             if any(r.request_id == request_id for r in self.prefills):
                 self.prefills = [r for r in self.prefills if r.request_id != request_id]
             return
-        self._ids[slot] = None
-        self._ready[slot] = False
+        self._ids[slot], self._used[slot], self._ready[slot] = None, False, False
         self._free.append(slot)
         kept = self._order != slot
         self._order, self._order_seq = self._order[kept], self._order_seq[kept]
@@ -249,6 +249,7 @@ class RunningState:
         self._ids = np.concatenate([self._ids, np.full(grown - size, None, dtype=object)])
         self._history = np.concatenate([self._history, np.zeros(grown - size, dtype=np.int64)])
         self._ready = np.concatenate([self._ready, np.zeros(grown - size, dtype=bool)])
+        self._used = np.concatenate([self._used, np.zeros(grown - size, dtype=bool)])
         self._generation = np.concatenate([self._generation, np.zeros(grown - size, dtype=np.int64)])
         self._free.extend(range(grown - 1, size - 1, -1))
 

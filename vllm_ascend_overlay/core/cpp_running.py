@@ -48,21 +48,26 @@ def decode_new_tokens(request: Any) -> int:
 class ReservedDecodes:
     """A step's reserved decodes in running order, as arrays: no per-decode Python object on the step's path.
 
-    ``costs`` are each decode's own cost (ms); ``total_ms`` their sum, added in order as a
-    Python sum does. A decode refunded within the step is ``dropped``."""
+    ``new_tokens`` None: one token each. ``costs`` are each decode's own cost (ms); ``total_ms``
+    their sum, added in order as a Python sum does. A decode refunded within the step is ``dropped``."""
 
     __slots__ = ("ids", "new_tokens", "histories", "costs", "total_ms", "tokens", "unit", "dropped", "_index")
 
-    def __init__(self, ids: np.ndarray, new_tokens: np.ndarray, histories: np.ndarray, costs: np.ndarray) -> None:
+    def __init__(
+        self, ids: np.ndarray, new_tokens: np.ndarray | None, histories: np.ndarray, costs: np.ndarray
+    ) -> None:
         self.ids, self.new_tokens, self.histories, self.costs = ids, new_tokens, histories, costs
         self.total_ms = sum(costs.tolist())
-        self.tokens = int(new_tokens.sum())
+        self.tokens = len(ids) if new_tokens is None else int(new_tokens.sum())
         self.unit = self.tokens == len(ids)  # one token each (every reserved decode has at least one)
         self.dropped: set[str] = set()
         self._index: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.ids) - len(self.dropped)
+
+    def _new_tokens(self) -> np.ndarray:
+        return np.ones(len(self.ids), dtype=np.int64) if self.new_tokens is None else self.new_tokens
 
     def get(self, request_id: str) -> tuple[int, int, float] | None:
         """(new_tokens, history_tokens, ms) of a reserved decode still in the step (a dict made on first use)."""
@@ -71,7 +76,7 @@ class ReservedDecodes:
         index = self._index.get(request_id)
         if index is None or request_id in self.dropped:
             return None
-        return int(self.new_tokens[index]), int(self.histories[index]), float(self.costs[index])
+        return int(self._new_tokens()[index]), int(self.histories[index]), float(self.costs[index])
 
     def drop(self, request_id: str) -> tuple[int, int, float] | None:
         entry = self.get(request_id)
@@ -82,8 +87,8 @@ class ReservedDecodes:
     def joined(self, more: ReservedDecodes) -> ReservedDecodes:
         """These decodes, then ``more`` (a second reservation in the same step)."""
         columns = zip(
-            (self.ids, self.new_tokens, self.histories, self.costs),
-            (more.ids, more.new_tokens, more.histories, more.costs),
+            (self.ids, self._new_tokens(), self.histories, self.costs),
+            (more.ids, more._new_tokens(), more.histories, more.costs),
             strict=True,
         )
         joined = ReservedDecodes(*(np.concatenate(pair) for pair in columns))
@@ -92,7 +97,7 @@ class ReservedDecodes:
 
     def items(self) -> Iterable[tuple[str, tuple[int, int, float]]]:
         """(request, (new_tokens, history_tokens, ms)) of the decodes still in the step, in running order."""
-        columns = (self.ids, self.new_tokens, self.histories, self.costs)
+        columns = (self.ids, self._new_tokens(), self.histories, self.costs)
         rows = zip(*(column.tolist() for column in columns), strict=True)
         return ((r, (n, h, c)) for r, n, h, c in rows if r not in self.dropped)
 
@@ -110,14 +115,15 @@ class RunningState:
         self._history = np.zeros(0, dtype=np.int64)
         self._ready = np.zeros(0, dtype=bool)  # it has a token to schedule now
         self._used = np.zeros(0, dtype=bool)  # the slot holds a request
-        self._generation = np.zeros(0, dtype=np.int64)  # bumped when a slot is reused
+        self._born = np.zeros(0, dtype=np.int64)  # departures counted when the slot's request entered
         self._order = np.zeros(0, dtype=np.int64)  # decoding slots in running order
         self._order_seq = np.zeros(0, dtype=np.int64)
         self._free: list[int] = []
-        self._pending: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # output -> (slots, generations) it frees
+        self._pending: dict[int, list[tuple[np.ndarray, int]]] = {}  # output -> (slots, departures then) it frees
         self._untracked: set[int] = set()  # outputs of steps not tracked, not back yet
         self.stale = True  # rebuild at the next sized step
         self.rebuilds = 0
+        self._departures = 0  # requests that left the arrays (a slot freed: kept slot lists need a check)
         self.mismatches: list[str] = []  # what ``check`` found (each then rebuilt)
         self._reserved = self._order[:0]  # slots of this step's reserved decodes
 
@@ -165,12 +171,14 @@ class RunningState:
         admitted = [requests[r] for r in budget.individually if r in charged_prefills and r in requests]
         dropped = budget.reserved.dropped if budget.reserved is not None else ()
         slots, self._reserved = self._reserved, self._order[:0]
+        departures = self._departures
         for request_id in getattr(output, "preempted_req_ids", None) or ():
             self._leave(request_id)
         if len(slots):
             if dropped:
                 slots = slots[[request_id not in dropped for request_id in self._ids[slots].tolist()]]
-            slots = slots[self._used[slots]]  # (a preempted decode's slot was freed)
+            if self._departures != departures:
+                slots = slots[self._used[slots]]  # (a preempted decode's slot was freed)
             self._history[slots] += 1
             if not self.asynchronous:  # its next token needs this one back
                 self._ready[slots] = False
@@ -203,12 +211,15 @@ class RunningState:
         if key in self._untracked:
             self._untracked.discard(key)
             self.stale = True
-        for slots, generations in self._pending.pop(key, ()):
-            alive = slots[self._generation[slots] == generations]
-            self._ready[alive[self._used[alive]]] = True
+        for slots, departures in self._pending.pop(key, ()):
+            if departures != self._departures:  # some left since: keep the slots still held by the same request
+                slots = slots[self._used[slots] & (self._born[slots] <= departures)]
+            self._ready[slots] = True
 
     def _wait_for(self, output: Any, slots: np.ndarray) -> None:
-        self._pending.setdefault(id(output), []).append((slots, self._generation[slots].copy()))
+        """``slots`` have their next token when ``output`` is back (a slot freed and taken again after
+        ``_departures`` moved on holds another request: ``output_back`` tells them by ``_born``)."""
+        self._pending.setdefault(id(output), []).append((slots, self._departures))
         if len(self._pending) > MAX_PENDING_OUTPUTS:  # outputs that never came back: read everything again
             self._pending.clear()
             self.stale = True
@@ -220,7 +231,7 @@ class RunningState:
             if not self._free:
                 self._grow()
             slot = self._slot[request_id] = self._free.pop()
-            self._generation[slot] += 1
+            self._born[slot] = self._departures
             self._ids[slot], self._used[slot] = request_id, True
             seq = self._seq.setdefault(request_id, self._next_seq)
             self._next_seq = max(self._next_seq, seq + 1)
@@ -239,6 +250,7 @@ class RunningState:
                 self.prefills = [r for r in self.prefills if r.request_id != request_id]
             return
         self._ids[slot], self._used[slot], self._ready[slot] = None, False, False
+        self._departures += 1
         self._free.append(slot)
         kept = self._order != slot
         self._order, self._order_seq = self._order[kept], self._order_seq[kept]
@@ -250,7 +262,7 @@ class RunningState:
         self._history = np.concatenate([self._history, np.zeros(grown - size, dtype=np.int64)])
         self._ready = np.concatenate([self._ready, np.zeros(grown - size, dtype=bool)])
         self._used = np.concatenate([self._used, np.zeros(grown - size, dtype=bool)])
-        self._generation = np.concatenate([self._generation, np.zeros(grown - size, dtype=np.int64)])
+        self._born = np.concatenate([self._born, np.zeros(grown - size, dtype=np.int64)])
         self._free.extend(range(grown - 1, size - 1, -1))
 
     # ------------------------------------------------------------------ from scratch

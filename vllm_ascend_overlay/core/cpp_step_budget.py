@@ -159,7 +159,7 @@ class StepBudget:
         """``reserve_decodes`` of decodes of one token each, from arrays (``decode_costs``)."""
         if len(request_ids):
             costs = self.decode_costs(histories)
-            self._book(ReservedDecodes(request_ids, np.ones(len(request_ids), dtype=np.int64), histories, costs))
+            self._book(ReservedDecodes(request_ids, None, histories, costs))
 
     def _book(self, reserved: ReservedDecodes) -> None:
         self.reserved = reserved if self.reserved is None else self.reserved.joined(reserved)

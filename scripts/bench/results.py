@@ -39,9 +39,9 @@ from vllm_ascend_patchset.results_tables import (  # noqa: E402
     TRACE,
     render_gate,
     render_long,
+    render_mixed,
     render_recorded,
     render_serving,
-    render_stdout_tail,
 )
 
 PAGE = ROOT / "docs" / "results.md"
@@ -85,7 +85,7 @@ SOURCES = (
     Source("twin-traces", (_twin("cpu", TRACES), _twin("synthetic", TRACES)), render_serving),
     Source("cpp-mixed", (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192",),
-           render_stdout_tail("per surface and base")),
+           render_mixed),
     Source("cpp-surfaces", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py --gate",), render_gate),
     Source("cpp-sched-overhead", (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_sched_overhead.py --steps 1200",), render_recorded),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,17 +147,25 @@ def render_recorded(saved: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render_stdout_tail(marker: str) -> Callable[[dict[str, Any]], list[str]]:
-    """A bench's printed output from the line that starts with ``marker`` (its summary) on."""
-
-    def render(saved: dict[str, Any]) -> list[str]:
-        if "tables" in saved["output"]:  # recorded by hand before the bench was run for this page
-            return render_recorded(saved)
-        lines = saved["output"]["stdout"].splitlines()
-        start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(marker))
-        return ["```", *lines[start:], "```"]
-
-    return render
+def render_mixed(saved: dict[str, Any]) -> list[str]:
+    """cpp_mixed.py's closing lines (per surface and base) as one row a surface, one column a base."""
+    if "tables" in saved["output"]:  # recorded by hand before the bench was run for this page
+        return render_recorded(saved)
+    lines = saved["output"]["stdout"].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("per surface and base"))
+    cells: dict[str, dict[str, str]] = {}
+    goodput = []
+    for line in lines[start + 1 :]:
+        spec, base, mean, worst, tpot, ours, tuned = line.split()
+        cells.setdefault(spec, {})[base] = f"{mean}, {worst} / {tpot}"
+        goodput.append((float(ours), float(tuned)))
+    bases = list(dict.fromkeys(base for row in cells.values() for base in row))
+    head = ["surface", *(f"base {b}: TTFT mean, max / TPOT P99 max" if i == 0 else b for i, b in enumerate(bases))]
+    rows = [[spec, *(row.get(b, "-") for b in bases)] for spec, row in cells.items()]
+    ours = sum(g[0] for g in goodput) / len(goodput)
+    tuned = sum(g[1] for g in goodput) / len(goodput)
+    note = f"Over all {len(goodput)} cells ours' goodput averages {ours:.1f}% against the tuned chunk's {tuned:.1f}%."
+    return [*_markdown(head, rows), "", note]
 
 
 def render_gate(saved: dict[str, Any]) -> list[str]:

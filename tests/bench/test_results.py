@@ -153,3 +153,36 @@ def test_doc_images_refuses_an_output_folder_it_cannot_write(tmp_path, capsys):
     assert doc_images.main(["--out", str(missing), "--only", "timeline"]) == 2
     assert f"--out {missing}: not a folder you can write" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_the_mixed_bench_s_closing_lines_become_one_row_a_surface_and_one_column_a_base():
+    stdout = (
+        "surface base seed tuned TTFT\nsynthetic 2048 0 fixed-256 0.9\n\n"
+        "per surface and base: TTFT ours/tuned mean and max; TPOT P99 ours/tuned max; mean goodput % ours, tuned\n"
+        "synthetic                           2048  0.983  1.009  1.12   80.0  70.0\n"
+        "synthetic                           4096  0.979  1.011  0.97   60.0  70.0\n"
+        "stress:knee                         2048  0.948  0.986  1.23   70.0  70.0\n"
+    )
+    lines = results_tables.render_mixed({"output": {"stdout": stdout}})
+    assert lines[0] == "| surface | base 2048: TTFT mean, max / TPOT P99 max | 4096 |"
+    assert lines[2:4] == [
+        "| synthetic | 0.983, 1.009 / 1.12 | 0.979, 1.011 / 0.97 |",
+        "| stress:knee | 0.948, 0.986 / 1.23 | - |",
+    ]
+    assert lines[-1] == "Over all 3 cells ours' goodput averages 70.0% against the tuned chunk's 70.0%."
+
+
+def test_the_gate_bench_s_rows_are_summed_up_to_the_worst_case_of_each_surface():
+    stdout = (
+        "surface                          base   prompt  P  ours/optimum  /engine-opt  /best-fixed  /upstream\n"
+        "synthetic                         2048   32768  2        1.0010       0.9990      0.9950     0.8000\n"
+        "synthetic                         4096  131072  4        1.0050       1.0020      0.9900     0.9000\n"
+        "stress:waves                      2048   32768  2        1.0120       1.0100      1.0020     0.7000\n"
+        "0 case(s) miss ours <= 1.03x the optimum (or the engine's) and <= 1.01x fixed\n"
+    )
+    lines = results_tables.render_gate({"output": {"stdout": stdout}})
+    assert lines[2:4] == [
+        "| synthetic | 2 | 1.0050 | 1.0020 | 0.9950 | 0.9000 |",
+        "| stress:waves | 1 | 1.0120 | 1.0100 | 1.0020 | 0.7000 |",
+    ]
+    assert lines[-1] == "`0 case(s) miss ours <= 1.03x the optimum (or the engine's) and <= 1.01x fixed`"

@@ -147,6 +147,45 @@ def test_the_check_sees_a_kept_history_that_is_off_by_one(tmp_path):
     assert len(state.mismatches) == 1 and "kept" in state.mismatches[0]
 
 
+class CountedList(list):
+    """vLLM's running queue, counting the walks over it."""
+
+    walks = 0
+
+    def __iter__(self):
+        CountedList.walks += 1
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "reference"])
+def test_a_step_with_no_change_of_requests_does_not_walk_the_running_ones(tmp_path, keep):
+    """Sized steps (a long prompt in chunks) beside 12 decodes, no arrival and none finishing: the kept state
+    reads no running request; the reference walks them at every step."""
+    scheduler = cpp_scheduler(tmp_path, pipeline_parallel_size=2)
+    scheduler.cpp_keep_state = keep
+    for index in range(12):
+        prompt = list(range(1 + 50 * index, 40 + 50 * index))
+        scheduler.add_request(helpers.make_request(f"d{index}", prompt, max_tokens=500))
+    scheduler.add_request(helpers.make_request("long", list(range(5000, 8000)), max_tokens=2))
+    flight = deque()
+
+    def step():
+        out = scheduler.schedule()
+        flight.append((out, helpers.model_output(scheduler, out)))
+        if len(flight) >= 2:
+            scheduler.update_from_output(*flight.popleft())
+        return out
+
+    for _ in range(6):
+        step()
+    scheduler.running = CountedList(scheduler.running)
+    CountedList.walks = 0
+    outs = [step() for _ in range(4)]
+    assert all(out.num_scheduled_tokens.get("long", 0) > 1 for out in outs)  # sized steps, the prompt open
+    assert all(not out.finished_req_ids and not out.scheduled_new_reqs for out in outs)  # no change of requests
+    assert (CountedList.walks == 0) if keep else (CountedList.walks >= 4), CountedList.walks
+
+
 def test_ten_thousand_requests_leave_nothing_behind(tmp_path):
     """Memory kept across steps is per running request and goes with it."""
     scheduler = cpp_scheduler(tmp_path, pipeline_parallel_size=2)

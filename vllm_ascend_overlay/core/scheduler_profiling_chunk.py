@@ -270,13 +270,13 @@ class ProfilingChunkScheduler(BalanceScheduler):
             held.append((history_tokens, remaining_tokens))
         if not held:
             return
-        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
-        shape = plan_shape(held, len(decodes))
+        shape = plan_shape(held, self.cpp_running.num_decodes)  # (decodes counted as kept: no walk)
         if shape == self._cpp_plan_shape:
             # Other prefills, but of the same sizes (a stream of short prompts): the same plan would
             # come out, and planning stays off the step.
             return
         self._cpp_plan_shape = shape
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed_tokens <= 1]
         histories = [r.num_computed_tokens for r in decodes]
         left = [max(1, r.max_tokens - r.num_output_tokens) for r in decodes]  # (at most: a stop may come first)
         self.cpp_policy.replan(held, histories, left)  # now, or off the step while a batch is in flight

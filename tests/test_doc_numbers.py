@@ -189,10 +189,11 @@ def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
     """scripts/bench/cpp_sched_overhead.py: its default decodes, and the long prompt it adds every so many steps."""
     tree = parse_file(BENCH_DIR / "cpp_sched_overhead.py")
     source = ast.unparse(tree)
-    decodes = re.search(r"'--decodes', type=int, default=(\d+)", source).group(1)
+    decodes = re.search(r"'--decodes', type=positive_list, default=\[(\d+), (\d+), (\d+)\]", source).groups()
     every = re.search(r"'--every', type=int, default=(\d+)", source).group(1)
     length = re.search(r"start_id \+ (\d+) // \(k \+ 1\)", source).group(1)
-    says("docs/cpp.md", f"({decodes} decoding requests, a {length}-token prompt every {every} steps)")
+    counts = f"{decodes[0]}, {decodes[1]} and {decodes[2]}"
+    says("docs/cpp.md", f"({counts} decoding requests, with a {length}-token prompt every {every} steps and without)")
     device_ms = float(re.search(r"'--device-ms', type=float, default=([\d.]+)", source).group(1))
     says("docs/cpp.md", f"for which the bench sleeps {device_ms:g} ms, untimed (`--device-ms`")
 

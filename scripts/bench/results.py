@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the to
 from vllm_ascend_patchset.paths import ROOT  # noqa: E402
 from vllm_ascend_patchset.results_tables import (  # noqa: E402
     TRACE,
+    render_closing,
     render_gate,
     render_long,
     render_mixed,
@@ -87,8 +88,8 @@ SOURCES = (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192",),
            render_mixed),
     Source("cpp-surfaces", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py --gate",), render_gate),
-    Source("cpp-sched-overhead", (
-        "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_sched_overhead.py --steps 1200",), render_recorded),
+    Source("cpp-sched-overhead", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_sched_overhead.py",),
+           render_closing("CPP's cost per step")),
     Source("e2e-prompt", (
         'make bench-e2e BENCH_E2E_ARGS="--fixed 256,512,1024,2048"',), render_recorded),
     Source("e2e-repeats", (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,19 @@ def render_mixed(saved: dict[str, Any]) -> list[str]:
     tuned = sum(g[1] for g in goodput) / len(goodput)
     note = f"Over all {len(goodput)} cells ours' goodput averages {ours:.1f}% against the tuned chunk's {tuned:.1f}%."
     return [*_markdown(head, rows), "", note]
+
+
+def render_closing(marker: str) -> Callable[[dict[str, Any]], list[str]]:
+    """A bench's printed output from its closing table, the line that starts with ``marker``, on."""
+
+    def render(saved: dict[str, Any]) -> list[str]:
+        if "tables" in saved["output"]:  # recorded by hand before the bench was run for this page
+            return render_recorded(saved)
+        lines = saved["output"]["stdout"].splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith(marker))
+        return ["```", *lines[start:], "```"]
+
+    return render
 
 
 def render_gate(saved: dict[str, Any]) -> list[str]:

@@ -41,6 +41,7 @@ from vllm_ascend_patchset.results_tables import (  # noqa: E402
     render_gate,
     render_long,
     render_mixed,
+    render_pace,
     render_recorded,
     render_serving,
 )
@@ -80,6 +81,12 @@ LONG = "--workload long:32k,long:128k,long:256k --stages 2,4,8"
 MIXED = "--workload mixed --stages 4"
 TRACES = f"--workload {TRACE_SLICES} --load 0.5,0.8,0.95 --stages 2,4 --sweep 256,4096"
 E2E_TRACE = f'make bench-e2e BENCH_E2E_ARGS="--trace {TRACE}@42:20 --load 0.8 --output-cap 64 --fixed-pick 2"'
+E2E_TRACE_TARGET = (
+    f'make bench-e2e BENCH_E2E_ARGS="--trace {TRACE}@42:20 --load 0.8 --output-cap 64 --fixed 128,256,512,1024'
+    ' --fixed-pick 2 --policies fixed,ours --target-tpot-ms 400"'
+)
+PACE_SURFACES = "tests/data/cpu_surface.csv,tests/data/cpu_surface_deep.csv,tests/data/cpu_surface_wide.csv,synthetic"
+PACE_TRACES = f"trace:{TRACE}@0:32,trace:{TRACE}@32:32,trace:tests/data/traces/azure_code.csv@0:32"
 SOURCES = (
     Source("twin-long", (_twin("cpu", LONG), _twin("synthetic", LONG)), render_long),
     Source("twin-mixed", (_twin("cpu", MIXED), _twin("synthetic", MIXED)), render_serving),
@@ -97,6 +104,11 @@ SOURCES = (
         'make bench-e2e BENCH_E2E_ARGS="--fixed 1024 --prompts 32768 --repeats 8 --policies fixed,ours"'),
            render_recorded),
     Source("e2e-trace", (E2E_TRACE,), render_recorded),
+    Source("e2e-trace-target", (E2E_TRACE_TARGET,), render_recorded),
+    Source("cpp-pace", (
+        f"PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_pace.py --surfaces {PACE_SURFACES}",
+        f"PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_pace.py --surfaces {SURFACES['cpu']},synthetic"
+        f" --workloads {PACE_TRACES} --loads 0.8"), render_pace),
     Source("e2e-uneven", (
         "PYTHONPATH=scripts .cache/e2e/venv/bin/python -m vllm_ascend_patchset.e2e.run uneven --layers 3,1",),
            render_recorded),

@@ -197,3 +197,15 @@ def render_gate(saved: dict[str, Any]) -> list[str]:
     rows = [[name, str(w[4]), *(f"{v:.4f}" for v in w[:4])] for name, w in worst.items()]
     verdict = next(line for line in lines if "case(s) miss" in line)
     return [*_markdown(head, rows), "", f"`{verdict.strip()}`"]
+
+
+def render_pace(saved: dict[str, Any]) -> list[str]:
+    """cpp_pace.py's summaries (one a command): per surface with no target, then each target's misses."""
+    keep = [
+        line
+        for line in saved["output"]["stdout"].splitlines()
+        if line.startswith("summary:")
+        or ": no target, geometric means" in line
+        or (line.startswith("target ") and "cases; misses" in line)
+    ]
+    return ["```", *keep, "```"]

@@ -1,21 +1,22 @@
-"""docs/results.md: every measured figure of the docs in one place, rendered from saved bench outputs.
+"""The results pages: every measured figure of the docs in one place, rendered from saved bench outputs.
 
-    python scripts/bench/results.py              # rewrite docs/results.md from docs/results/*.json (seconds)
-    python scripts/bench/results.py --check      # exit 1 if docs/results.md is not what the saved outputs render
-    python scripts/bench/results.py --run twin-long-cpu,twin-traces-cpu   # run those benches anew, save, rewrite
+    python scripts/bench/results.py              # rewrite the pages from docs/results/*.json (seconds)
+    python scripts/bench/results.py --check      # exit 1 if a page is not what the saved outputs render
+    python scripts/bench/results.py --run twin-long,twin-traces   # run those benches anew, save, rewrite
     make results [RUN=name,...]                  # the same through the Makefile
 
-Each source below is one bench and the command that reproduces it. Its saved output,
-``docs/results/<name>.json``, holds the command, the date and commit it ran at (and whether
-the tree had uncommitted changes), the host, and the output: the twin's ``--json`` figures
-(slimmed to the columns the page shows) or the tables another bench printed. A wall-clock
-bench measured before this page existed keeps the table its run printed, as the docs
-quoted it ("recorded"), until ``--run`` measures it again. Only the text between a
-source's markers in docs/results.md is rewritten; the prose around them is kept.
-``--from-json DIR`` reads the saved outputs from another folder (a run kept elsewhere).
+The pages are docs/results.md (the twin, CPP's scheduling cost) and docs/results-engine.md
+(vLLM's CPU engine, dual stream). Each source below is one bench and the command that
+reproduces it. Its saved output, ``docs/results/<name>.json``, holds the command, the date
+and commit it ran at (and whether the tree had uncommitted changes), the host, and the
+output: the twin's ``--json`` figures (slimmed to the columns the page shows) or the tables
+another bench printed. A wall-clock bench measured before the pages existed keeps the table
+its run printed, as the docs quoted it ("recorded"), until ``--run`` measures it again. Only
+the text between a source's markers, in whichever page holds them, is rewritten; the prose
+around them is kept. ``--from-json DIR`` reads the saved outputs from another folder.
 
-Bad input (an unknown source, a saved file that is not one, a marker missing from the
-page) exits 2 naming it, before anything is written.
+Bad input (an unknown source, a saved file that is not one, a source's markers missing or
+twice) exits 2 naming it, before anything is written.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from vllm_ascend_patchset.results_tables import (  # noqa: E402
     render_serving,
 )
 
-PAGE = ROOT / "docs" / "results.md"
+PAGES = (ROOT / "docs" / "results.md", ROOT / "docs" / "results-engine.md")  # the twin's; the CPU engine's
 SAVED = ROOT / "docs" / "results"
 TWIN = "PYTHONPATH=scripts .venv/bin/python -m vllm_ascend_patchset cpp-twin"
 TRACE_SLICES = f"trace:{TRACE}@0:32,trace:{TRACE}@32:32,trace:{TRACE}@64:32"
@@ -168,18 +169,22 @@ def load(folder: Path, skip: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     return found
 
 
-def check_markers(text: str) -> None:
+def check_markers(texts: dict[Path, str]) -> None:
+    """Each source's pair of markers, in order, in exactly one of the pages."""
     for source in SOURCES:
         head, tail = begin(source.name), end(source.name)
+        holding = [p for p, t in texts.items() if head in t or tail in t]
+        text = texts[holding[0]] if len(holding) == 1 else ""
         if text.count(head) != 1 or text.count(tail) != 1 or text.index(head) > text.index(tail):
-            page = PAGE.relative_to(ROOT)
-            raise ResultsError(f"{page}: needs one pair of markers for {source.name}, in order: {head} ... {tail}")
+            pages = " or ".join(str(p.relative_to(ROOT)) for p in texts)
+            raise ResultsError(f"{pages}: needs one pair of markers for {source.name}, in order: {head} ... {tail}")
 
 
 def rewrite(text: str, saved: dict[str, dict[str, Any]]) -> str:
-    """``text`` with each source's span between its markers rendered anew."""
-    check_markers(text)
+    """``text`` (one page) with the span between each source's markers it holds rendered anew."""
     for source in SOURCES:
+        if begin(source.name) not in text:
+            continue
         before, rest = text.split(begin(source.name), 1)
         after = rest.split(end(source.name), 1)[1]
         body = "\n".join(section(source, saved[source.name]))
@@ -255,31 +260,34 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ResultsError("--run and --check: give one of them (--check runs nothing)")
         if not args.from_json.is_dir():
             raise ResultsError(f"--from-json {args.from_json}: not a folder of saved outputs")
-        for path in (PAGE, *(args.from_json / f"{n}.json" for n in names)):
+        for path in (*PAGES, *(args.from_json / f"{n}.json" for n in names)):
             if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
                 raise ResultsError(f"{path}: cannot write there; give --from-json a folder you can write")
-        try:
-            text = PAGE.read_text()
-        except OSError as exc:
-            raise ResultsError(f"{PAGE}: cannot read it ({exc.strerror or exc})") from None
-        check_markers(text)
+        texts = {}
+        for page in PAGES:
+            try:
+                texts[page] = page.read_text()
+            except OSError as exc:
+                raise ResultsError(f"{page}: cannot read it ({exc.strerror or exc})") from None
+        check_markers(texts)
         saved = load(args.from_json, skip=names)  # all checked before a bench runs
         for name in names:
             saved[name] = check(BY_NAME[name], run(BY_NAME[name]), args.from_json / f"{name}.json")
-        new = rewrite(text, saved)
+        new = {page: rewrite(text, saved) for page, text in texts.items()}
     except ResultsError as exc:
         print(f"results: error: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, BenchFailed) else 2
     for name in names:
         _publish(args.from_json / f"{name}.json", json.dumps(saved[name], indent=1) + "\n")
+    stale = [page for page in PAGES if new[page] != texts[page]]
     if args.check:
-        if new != text:
-            print(f"results: {PAGE.relative_to(ROOT)} is stale; run: python scripts/bench/results.py", file=sys.stderr)
-            return 1
-        return 0
-    if new != text:
-        _publish(PAGE, new)
-    print(f"results: {PAGE.relative_to(ROOT)} {'rewritten' if new != text else 'up to date'}")
+        for page in stale:
+            print(f"results: {page.relative_to(ROOT)} is stale; run: python scripts/bench/results.py", file=sys.stderr)
+        return 1 if stale else 0
+    for page in stale:
+        _publish(page, new[page])
+    for page in PAGES:
+        print(f"results: {page.relative_to(ROOT)} {'rewritten' if page in stale else 'up to date'}")
     return 0
 
 

@@ -39,7 +39,7 @@ def page(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "BY_NAME", {"echo": source})
     path = tmp_path / "results.md"
     path.write_text(f"# Results\n\nprose above\n\n{results.begin('echo')}\nstale\n{results.end('echo')}\nprose below\n")
-    monkeypatch.setattr(results, "PAGE", path)
+    monkeypatch.setattr(results, "PAGES", (path,))
     monkeypatch.setattr(results, "ROOT", tmp_path)
     saved = tmp_path / "saved"
     saved.mkdir()
@@ -186,3 +186,17 @@ def test_the_gate_bench_s_rows_are_summed_up_to_the_worst_case_of_each_surface()
         "| stress:waves | 1 | 1.0120 | 1.0100 | 1.0020 | 0.7000 |",
     ]
     assert lines[-1] == "`0 case(s) miss ours <= 1.03x the optimum (or the engine's) and <= 1.01x fixed`"
+
+
+def test_a_source_on_the_second_page_is_rendered_there_and_one_on_both_pages_is_refused(page, monkeypatch, capsys):
+    path, saved = page
+    other = path.with_name("engine.md")
+    other.write_text(path.read_text().replace("# Results", "# Engine"))
+    path.write_text("# Results\n\nno markers here\n")
+    monkeypatch.setattr(results, "PAGES", (path, other))
+    monkeypatch.setattr(results, "_git", lambda *args: "" if args[0] == "status" else "abc1234")
+    assert results.main(["--run", "echo", "--from-json", str(saved)]) == 0
+    assert path.read_text() == "# Results\n\nno markers here\n" and "served one line" in other.read_text()
+    path.write_text(other.read_text())
+    assert results.main(["--from-json", str(saved)]) == 2
+    assert "results.md or engine.md: needs one pair of markers for echo" in capsys.readouterr().err

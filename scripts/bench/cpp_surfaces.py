@@ -4,8 +4,8 @@
 For each surface (the committed CPU surface, the two other measured CPU surfaces, the
 synthetic accelerator-like one and the stress family of twin/stress.py), each base
 chunk (``max_num_batched_tokens``), prompt and pipeline depth, the twin runs ours,
-upstream v0.23.0's CPP and every fixed chunk of the sweep up to the base chunk, and
-prints ours' TTFT over:
+upstream v0.23.0's CPP and every fixed chunk of the sweep up to the base chunk (64 tokens
+and up in 1-1.5-2 steps: 64, 96, 128, 192, ...), and prints ours' TTFT over:
 
 - the optimum: the least TTFT any chunking within the token budget can reach
   (twin/optimum.py, a certified lower bound that ignores the engine's limit of P
@@ -45,7 +45,7 @@ def run_surface(spec: str, bases: list[int], prompts: list[int], stages: list[in
     surface = load_surface(str(ROOT / spec) if spec.endswith(".csv") else spec)
     cases, keys = [], []
     for base in bases:
-        sweep = [c for c in pol.FIXED_SWEEP_TOKENS if c <= base]
+        sweep = [c for c in pol.SLO_SWEEP_TOKENS if c <= base]
         policies = [pol.fixed(c) for c in sweep] + [pol.upstream(base), pol.ours(base)]
         policies = [
             pol.Policy(f"{p.name}@{base}", p.kind, p.max_num_batched_tokens, p.additional_config) for p in policies

@@ -194,14 +194,42 @@ def test_the_committed_cpu_surface_is_its_measurements_not_a_fit():
 
 
 @pytest.mark.parametrize("name", sorted(STRESS_SURFACES))
-def test_every_stress_surface_grows_with_chunk_and_history(name):
+def test_every_stress_surface_grows_with_chunk_and_history_but_at_its_odd_points(name):
     surface = load_surface(f"stress:{name}")
     chunks = np.arange(1, 8193, 7, dtype=np.float64)
     for history in (0, 10_000, 40_000):
         times = surface.time_ms_many(chunks, history)
-        assert np.all(np.diff(times) >= -1e-9) and np.all(times > 0)
+        assert np.all(times > 0) and np.all(times >= surface.fixed_ms)
+        if surface.monotone:  # (odd points and sweet spots fall where they are: the test below)
+            assert np.all(np.diff(times) >= -1e-9)
     assert surface.time_ms(2048, 60_000) > surface.time_ms(2048, 0)
     assert surface.fixed_ms <= surface.time_ms(1, 0)
+
+
+def test_odd_points_and_sweet_spots_fall_where_they_are_and_nowhere_else():
+    odd1, odd3, sweet = STRESS_SURFACES["odd1"], STRESS_SURFACES["odd3"], STRESS_SURFACES["sweet"]
+    # odd1: at depth a 768-token chunk takes less than a 512-token one; without history it does not.
+    assert odd1.time_ms(768, 28_672) < 0.9 * odd1.time_ms(512, 28_672)
+    assert odd1.time_ms(768, 0) > odd1.time_ms(512, 0)
+    # odd3: three points 30-45% below a smaller chunk or a shallower history at the same size.
+    for chunk, history, _ in odd3.points:
+        below = max(odd3.time_ms(chunk / 1.5, history), odd3.time_ms(chunk, history - 8192))
+        assert 0.55 <= odd3.time_ms(chunk, history) / below <= 0.87, (chunk, history)
+    assert len(STRESS_SURFACES["odd10"].points) == 10 and not odd1.monotone
+    # sweet: only the sizes themselves are cheaper; one token either side costs the surface's own time.
+    for size, _ in sweet.points:
+        assert sweet.time_ms(size, 4096) < 0.8 * sweet.time_ms(size - 1, 4096)
+        assert sweet.time_ms(size + 1, 4096) > sweet.time_ms(size - 1, 4096)
+
+
+@pytest.mark.parametrize("name", ["bent1k-sharp", "bent1k-soft", "bent1536"])
+def test_bent_surfaces_are_flat_per_token_up_to_their_knee_then_steep(name):
+    surface = STRESS_SURFACES[name]
+    knee = surface.size_tokens
+    sizes = np.array([knee / 4, knee / 2, 2 * knee])
+    per_token = surface.time_ms_many(sizes, 0) / sizes
+    assert abs(per_token[1] / per_token[0] - 1) < 0.25 and per_token[2] > 2.5 * per_token[1]
+    assert surface.fixed_ms == 2.0
 
 
 def test_stress_shapes_are_what_their_mechanisms_say():

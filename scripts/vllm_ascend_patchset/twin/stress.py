@@ -28,6 +28,24 @@ Each stress surface changes one mechanism:
 - ``attn-switch``: past 24k tokens of history the attention kernel switches to a
   paged variant that costs 0.6x per pair but pays a per-token setup, a 15% jump up at
   the switch, then slower growth.
+- ``odd1``, ``odd3``, ``odd10``: isolated points where a kernel's choice of tiling makes a
+  step faster or slower than its neighbours, reproducibly (one, three, ten of them, at
+  small chunks and deep histories). A point scales the time above the fixed cost at one
+  chunk size and history; a grid measured there, read linearly in between, spreads it
+  to the sizes of the 1-1.5-2 ladder either side and ``ODD_HISTORY_SPAN`` tokens of
+  history either side. ``odd1`` is a 768-token chunk at depth that takes less than a
+  512-token one; ``odd3`` three points 30-45% below a smaller chunk or a shallower
+  history; ``odd10`` seven fast and three slow. These surfaces fall where their points are
+  fast.
+- ``sweet``: sweet-spot sizes, a size that hits a better kernel (whole tiles on every
+  core): exactly 384, 768 and 1536 tokens cost 35% less above the fixed cost, at every
+  history; one token more or less costs the surface's own time.
+- ``bent1k-sharp``, ``bent1k-soft``, ``bent1536``: time per token flat up to a knee (1024
+  or 1536 tokens: activations that fit a buffer), then steep (the time per token grows by
+  four times its flat value over the next ``knee`` tokens), with a small
+  per-step cost (2 ms, a captured graph), so the best fixed chunk is a few hundred
+  tokens; the bend is sharp (64 tokens wide) or soft (768). ``bent1536`` bends at 1536
+  over 256 tokens.
 
 Noise and slow drift are the twin's ``--noise`` and ``--drift`` options, on any surface.
 """
@@ -35,7 +53,7 @@ Noise and slow drift are the twin's ``--noise`` and ``--drift`` options, on any 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,6 +73,14 @@ class StressSurface:
     # own, so where one token costs a whole wave every decode beside a prompt would pay one of its
     # own, which no device does (it runs the batch's rows together, in shared waves).
     with_decodes: bool = True
+    # odd: (chunk, history, factor) of each odd point; sweet: (size, factor) of each sweet spot
+    points: tuple[tuple[float, ...], ...] = field(default=(), hash=False)
+    width_tokens: float = 0.0  # bent: how wide the knee is
+
+    @property
+    def monotone(self) -> bool:
+        """Whether time never falls as the chunk or the history grows (odd and sweet points make it fall)."""
+        return self.mechanism not in ("odd", "sweet")
 
     def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: float) -> np.ndarray:
         c = np.asarray(chunk_tokens, dtype=np.float64)
@@ -74,6 +100,12 @@ class StressSurface:
         elif self.mechanism == "knee":
             fixed = fixed + 50.0 * (1.0 - np.exp(-c / size))
             linear, attention = token * c, pair * c * (h + c / 2)
+        elif self.mechanism in ("odd", "sweet", "bent"):
+            linear, attention = token * c, pair * c * (h + c / 2)
+            if self.mechanism == "bent":
+                linear = linear * (1.0 + 4.0 * _smooth_excess(c, size, self.width_tokens) / size)
+            variable = linear + self.history_token_ms * h + attention
+            return fixed + variable * self._point_factors(c, float(history_tokens))
         elif self.mechanism == "attn-switch":
             linear = token * c
             plain = c * (h + c / 2)
@@ -83,6 +115,21 @@ class StressSurface:
             raise ValueError(f"unknown mechanism {self.mechanism!r}")
         return fixed + linear + self.history_token_ms * h + attention
 
+    def _point_factors(self, chunks: np.ndarray, history: float) -> np.ndarray:
+        """The odd points' (or sweet spots') factors on the time above the fixed cost."""
+        factors = np.ones_like(chunks)
+        for point in self.points:
+            if self.mechanism == "sweet":
+                size, factor = point
+                factors = np.where(chunks == size, factors * factor, factors)
+                continue
+            size, depth, factor = point
+            below, above = _ladder_neighbours(size)
+            across = np.where(chunks <= size, (chunks - below) / (size - below), (above - chunks) / (above - size))
+            along = max(0.0, 1.0 - abs(history - depth) / ODD_HISTORY_SPAN)
+            factors = factors * (1.0 + (factor - 1.0) * np.clip(across, 0.0, 1.0) * along)
+        return factors
+
     def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
         return float(self.time_ms_many(np.array([float(chunk_tokens)]), history_tokens)[0])
 
@@ -90,6 +137,37 @@ class StressSurface:
         mechanism = f"{self.mechanism} at {self.size_tokens:g} tokens"
         return f"stress:{self.name}: {mechanism} on a per-step cost of {self.fixed_ms:g} ms"
 
+
+ODD_HISTORY_SPAN = 8192.0  # an odd point reaches this many tokens of history either side
+
+
+def _ladder_neighbours(size: float) -> tuple[float, float]:
+    """The sizes of the 1-1.5-2 ladder (32, 64, 96, 128, 192, ...) either side of ``size``."""
+    ladder = sorted({32 << k for k in range(12)} | {48 << k for k in range(1, 12)})
+    below = max([c for c in ladder if c < size], default=size / 2)
+    above = min([c for c in ladder if c > size], default=size * 2)
+    return below, above
+
+
+def _smooth_excess(chunks: np.ndarray, knee: float, width: float) -> np.ndarray:
+    """Tokens past ``knee``, rounded over the knee's ``width``: 0 before it, a parabola across it, then linear."""
+    past = np.maximum(chunks - knee + width / 2, 0.0)
+    return np.where(past < width, past * past / (2 * width), past - width / 2)
+
+
+# Odd points: (chunk, history, factor on the time above the fixed cost), at small chunks and depth.
+_ODD_ONE = ((768.0, 28672.0, 0.57),)
+_ODD_THREE = ((128.0, 24576.0, 0.45), (192.0, 16384.0, 0.5), (384.0, 28672.0, 0.55))
+_ODD_TEN = (
+    *_ODD_THREE,
+    (96.0, 30720.0, 1.5),
+    (256.0, 20480.0, 0.6),
+    (512.0, 12288.0, 1.4),
+    (768.0, 98304.0, 0.6),
+    (1024.0, 114688.0, 1.35),
+    (1536.0, 65536.0, 0.65),
+    (3072.0, 122880.0, 0.7),
+)
 
 STRESS_SURFACES = {
     "cache": StressSurface("cache", "cache", size_tokens=1536.0),
@@ -101,6 +179,22 @@ STRESS_SURFACES = {
     "knee": StressSurface("knee", "knee", fixed_ms=10.0, size_tokens=512.0),
     "attn-switch": StressSurface("attn-switch", "attn-switch", size_tokens=24576.0),
     "waves": StressSurface("waves", "waves", size_tokens=3072.0, with_decodes=False),
+    # One prompt at a time, as waves: a device's odd points, sweet spots and buffer follow the rows of the
+    # whole batch, while the twin would give each request of a batch with decodes its own.
+    "odd1": StressSurface("odd1", "odd", fixed_ms=4.0, points=_ODD_ONE, with_decodes=False),
+    "odd3": StressSurface("odd3", "odd", fixed_ms=4.0, points=_ODD_THREE, with_decodes=False),
+    "odd10": StressSurface("odd10", "odd", fixed_ms=4.0, points=_ODD_TEN, with_decodes=False),
+    "sweet": StressSurface(
+        "sweet", "sweet", fixed_ms=10.0, points=((384.0, 0.65), (768.0, 0.65), (1536.0, 0.65)), with_decodes=False
+    ),
+    **{
+        name: StressSurface(name, "bent", fixed_ms=2.0, size_tokens=knee, width_tokens=width, with_decodes=False)
+        for name, knee, width in (
+            ("bent1k-sharp", 1024.0, 64.0),
+            ("bent1k-soft", 1024.0, 768.0),
+            ("bent1536", 1536.0, 256.0),
+        )
+    },
 }
 
 

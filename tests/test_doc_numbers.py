@@ -18,6 +18,7 @@ from vllm_ascend.core import (
     cpp_acceptance,
     cpp_calibration,
     cpp_chunk_rule,
+    cpp_falls,
     cpp_planner,
     cpp_policy,
     cpp_profile_store,
@@ -138,11 +139,12 @@ def test_the_cpp_docs_cost_of_the_profile_is_the_default_plans():
 def test_the_cpp_docs_thresholds_are_the_codes():
     a, c = cpp_acceptance, cpp_calibration
     says("docs/cpp.md", f"histories from none to at least {SHARES[cpp_profile_store.CACHED_HISTORY_COVERAGE]} of what")
-    says(
-        "docs/cpp.md",
-        f"by more than {a.FALL_SIGMAS:g} times the measured scatter between repeats of one point (and more than "
-        f"{a.MIN_FALL:.0%})",
-    )
+    f = cpp_falls
+    says("docs/cpp.md", f"A fall by more than {f.FALL_SIGMAS:g} standard errors of")
+    says("docs/cpp.md", f"(from the scatter between repeats of one point) and more than {f.ODD_MIN_FALL:.0%} is kept")
+    says("docs/cpp.md", f"each has at least {f.CONFIRM_SAMPLES} runs (a median of three outvotes one bad run)")
+    assert f.CONFIRM_SAMPLES == 3
+    says("docs/cpp.md", f"its two points only, within the {cpp_profiling.LOCATE_RUNS} runs after the rounds")
     says("docs/cpp.md", f"more than {a.UNSTABLE_LOSS:.0%} slower than the full model's own, the same runs are measured")
     says("docs/cpp.md", f"are measured {WORDS[cpp_profiling.EXTRA_ROUNDS]} more")
     says("docs/design-cpp.md", f"by more than {a.FALL_SIGMAS:g} standard errors of the two medians")

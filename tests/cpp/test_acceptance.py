@@ -1,5 +1,5 @@
-"""judge: broken data is refused, noise never is, stability is judged on decisions, the fallback is the best
-fixed chunk."""
+"""judge: broken data is refused, noise never is, a fall that repeats is kept, stability is judged on decisions,
+the fallback is the best fixed chunk."""
 
 from __future__ import annotations
 
@@ -49,17 +49,32 @@ def test_noise_alone_never_refuses_a_profile(truth, noise):
         assert verdict.model is not None, verdict.reason
 
 
-def broken_samples():
-    """A profile whose 2048-token chunks took half as long as 1024-token ones: the device misbehaved."""
+def fast_2048_samples():
+    """A profile whose 2048-token chunks take 0.4x at every history, in every run: a size that hits a
+    better kernel, not broken data."""
     return [(c, h, t * (0.4 if c == 2048 else 1.0)) for c, h, t in start_up_samples(TRUE, noise=0.01)]
 
 
-def test_times_that_fall_beyond_the_scatter_are_broken_data_measured_again_then_refused():
-    first = verdict_on(broken_samples(), last_round=False)
-    assert first.model is None and first.noisy and "fall" in first.reason and "(2048, 0)" in first.reason
-    last = verdict_on(broken_samples())
-    assert last.model is None and not last.noisy
-    assert last.fixed_chunk_tokens is not None
+def test_times_that_fall_in_every_run_are_a_fact_the_model_keeps():
+    verdict = verdict_on(fast_2048_samples(), last_round=False)
+    assert verdict.model is not None and not verdict.noisy and not verdict.remeasure
+    assert "5 fall(s) that repeated kept" in verdict.reason and "odd point(s) kept" in verdict.reason
+    model = verdict.model
+    assert (2048, 0) in model.odd_points and model.time_ms(2048, 0) < model.time_ms(1536, 0)
+    assert model.time_ms(2048, 0) == pytest.approx(0.4 * TRUE.time_ms(2048, 0), rel=0.03)
+
+
+def broken_samples():
+    """A profile where every run at one history length but two of the sizes gave no measurement."""
+    samples = start_up_samples(TRUE, noise=0.01)
+    deep = max(h for _, h, _ in samples)
+    return [(c, h, t if h != deep or c in (1, 8192) else float("nan")) for c, h, t in samples]
+
+
+def test_a_profile_of_broken_data_is_refused_with_the_best_fixed_chunk():
+    verdict = verdict_on(broken_samples())
+    assert verdict.model is None and not verdict.noisy and "no usable profile" in verdict.reason
+    assert verdict.fixed_chunk_tokens is not None
 
 
 def test_the_fallback_is_the_best_fixed_chunk_for_the_reference_prompt_and_never_the_token_budget():

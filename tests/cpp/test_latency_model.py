@@ -230,3 +230,100 @@ def test_the_decodes_fast_path_is_the_same_numbers_as_the_general_one():
     model = measured_model(TRUE, noise=0.02)
     histories = np.concatenate([np.linspace(0, 200_000, 400), [0.0, 65_536.0, 1e6]])
     assert model.decode_ms_many(histories) == pytest.approx([model.decode_ms(h) for h in histories], rel=1e-12)
+
+
+# ---------------------------------------------------------------- odd points: a fall that repeated is kept
+ODD_GRID = (1, 32, 64, 128, 256, 512, 768, 1024, 2048), (0, 8192, 16384)
+
+
+def odd_model(factor=0.6, chunk=768, history=8192):
+    """TRUE measured on a grid, with one point ``factor`` of the truth there, kept as an odd point."""
+    chunks, histories = ODD_GRID
+    points = [
+        Point(c, h, TRUE.time_ms(c, h) * (factor if (c, h) == (chunk, history) else 1.0), 2)
+        for h in histories
+        for c in chunks
+    ]
+    return LatencyModel.from_points(points, odd=[(chunk, history)])
+
+
+def test_an_odd_point_keeps_its_measured_time_and_the_rest_stay_as_measured():
+    model = odd_model()
+    assert model.odd_points == ((768, 8192),)
+    assert model.time_ms(768, 8192) == pytest.approx(0.6 * TRUE.time_ms(768, 8192), rel=1e-9)
+    assert model.time_ms(768, 8192) < model.time_ms(512, 8192)  # the fall stands
+    for c in (512, 1024):  # its neighbours are not pooled with it
+        assert model.time_ms(c, 8192) == pytest.approx(TRUE.time_ms(c, 8192), rel=1e-6)
+    # Without the odd point the same medians are averaged as noise: monotone, and the fall gone.
+    chunks, histories = ODD_GRID
+    points = [Point(c, h, model.step_ms[histories.index(h)][chunks.index(c)], 2) for h in histories for c in chunks]
+    plain = LatencyModel.from_points(points)
+    assert plain.odd_points == () and plain.time_ms(768, 8192) >= plain.time_ms(512, 8192)
+
+
+def test_a_size_beside_an_odd_point_costs_the_dearer_end():
+    """Nothing measured says a fast size's speed reaches past it: 600 or 900 tokens cost what 512 or 1024
+    cost, not a share of 768's dip."""
+    model = odd_model()
+    assert model.time_ms(600, 8192) == pytest.approx(model.time_ms(512, 8192), rel=1e-12)
+    assert model.time_ms(900, 8192) == pytest.approx(model.time_ms(1024, 8192), rel=1e-12)
+    assert float(model.time_ms_many(np.array([600.0, 768.0, 900.0]), 8192.0)[1]) == model.time_ms(768, 8192)
+
+
+def test_the_chunk_for_a_time_takes_the_faster_larger_size():
+    """A 768-token chunk that takes less than a 512-token one dominates every size up to it: with a time
+    768 fits and 512 does not, the chunk is 768, not some size below 512."""
+    model = odd_model()
+    fast, slow = model.time_ms(768, 8192), model.time_ms(512, 8192)
+    time_ms = (fast + slow) / 2
+    assert model.chunk_for_time(8192, time_ms) == 768
+    assert float(model.chunk_for_time_many(np.array(8192.0), np.array(time_ms))) == 768
+    # At most 700 tokens: the largest size up to it that fits, never 700 itself, which costs 512's time.
+    below = model.chunk_for_time(8192, time_ms, up_to=700)
+    assert below < 512 and model.time_ms(below, 8192) == pytest.approx(time_ms, rel=1e-9)
+    assert float(model.chunk_for_time_many(np.array(8192.0), np.array(time_ms), np.array(700.0))) == pytest.approx(
+        below
+    )
+    assert model.chunk_for_time(8192, 2 * slow, up_to=700) == 700
+
+
+def test_an_odd_point_at_the_deepest_history_fades_beyond_it():
+    """Past the deepest level measured, a fast point is not continued: the size returns to the trend."""
+    model = odd_model(chunk=768, history=16384)
+    beyond = model.time_ms(768, 24576)
+    assert beyond >= model.time_ms(512, 24576) * (1 - 1e-6) and beyond >= model.time_ms(768, 16384)
+
+
+@PROPERTIES
+@given(st.data())
+def test_scalar_and_vectorised_answers_are_the_same_numbers_with_odd_points(data):
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    chunks, histories = ODD_GRID
+    odd = sorted(
+        {(int(rng.choice(chunks[1:])), int(rng.choice(histories))) for _ in range(data.draw(st.integers(1, 3)))}
+    )
+    points = [
+        Point(c, h, TRUE.time_ms(c, h) * (float(rng.uniform(0.3, 1.8)) if (c, h) in odd else 1.0), 2)
+        for h in histories
+        for c in chunks
+    ]
+    model = LatencyModel.from_points(points, odd=odd)
+    for _ in range(20):
+        chunk, history = float(rng.uniform(0.0, 3000)), float(rng.uniform(0.0, 30_000))
+        time_ms, up_to = float(rng.uniform(0.0, 60.0)), float(rng.uniform(1.0, 3000))
+        assert model.time_ms(chunk, history) == pytest.approx(float(model.time_ms_many(chunk, history)), rel=1e-12)
+        assert model.chunk_for_time(history, time_ms, up_to) == pytest.approx(
+            float(model.chunk_for_time_many(history, time_ms, up_to)), rel=1e-9, abs=1e-9
+        )
+        found = model.chunk_for_time(history, time_ms, up_to)
+        assert found <= up_to and (found == 0 or model.time_ms(found, history) <= time_ms * (1 + 1e-9))
+
+
+def test_odd_points_round_trip_and_a_fall_elsewhere_is_still_refused():
+    model = odd_model()
+    assert LatencyModel.from_dict(model.to_dict()) == model
+    rows = [list(row) for row in model.step_ms]
+    rows[0][2], rows[0][3] = rows[0][3], rows[0][2]  # a fall between two points neither of which is odd
+    with pytest.raises(FitError, match="must not fall"):
+        LatencyModel(model.chunk_tokens, model.history_tokens, tuple(map(tuple, rows)), model.fixed_ms,
+                     odd_points=model.odd_points)  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 
 import pytest
@@ -152,12 +153,21 @@ def test_a_profile_too_noisy_to_decide_is_measured_once_more_and_accepted(tmp_pa
 
 
 def test_a_broken_profile_runs_the_best_fixed_chunk_without_saving(tmp_path, warnings_logged):
+    """Every run at the deepest history but the smallest and the largest size gave no measurement: no grid."""
+    device = Device()
+    result = start(tmp_path, lambda c, h: device(c, h) * (math.nan if h == MAX_HISTORY and 1 < c < 8192 else 1.0))
+    assert result.verdict.model is None and result.verdict.fixed_chunk_tokens is not None
+    assert "no usable profile" in result.verdict.reason
+    assert device.runs == plan_runs() + cpp_profiling.WARMUP_RUNS
+    assert not profile_file(tmp_path).exists()
+
+
+def test_a_fall_every_run_shows_is_kept_and_saved(tmp_path, warnings_logged):
+    """A size that is faster than a smaller one at every run is the device's, not broken data."""
     device = Device()
     result = start(tmp_path, lambda c, h: device(c, h) * (0.3 if c == 4096 else 1.0))
-    assert result.verdict.model is None and result.verdict.fixed_chunk_tokens is not None
-    assert "fall" in result.verdict.reason
-    assert device.runs == 2 * plan_runs() + cpp_profiling.WARMUP_RUNS
-    assert not profile_file(tmp_path).exists()
+    assert result.verdict.model is not None and (4096, MAX_HISTORY) in result.verdict.model.odd_points
+    assert profile_file(tmp_path).exists() and not warnings_logged
 
 
 def test_a_worker_that_fails_gives_upstream_behaviour_and_the_reason(tmp_path):

@@ -6,10 +6,12 @@ one that is not is dropped and counted). It is judged by what it is for, never b
 well one functional form fits it:
 
 1. **Broken data** is refused: too few valid samples to form the grid of chunk sizes by
-   history lengths the model needs, or a time that falls as the chunk (or the history)
-   grows by more than the measured scatter allows (``FALL_SIGMAS`` times the relative
-   scatter between repeats of one point, and at least ``MIN_FALL``). Times that fall
-   within the scatter are noise; the model averages them away.
+   history lengths the model needs (a sample that is not a measurement is dropped; a
+   worker failing ends the profile before it is judged). A time that falls as the chunk
+   (or the history) grows is never broken data (core/cpp_falls.py): one beyond the noise
+   is measured again (``Verdict.remeasure``), and one that repeats is a fact about the
+   device that the model keeps (odd points); one that does not is noise, which the model
+   averages away.
 2. **Stability** is judged on the decisions: the repeats are split into rounds (the
    k-th run of every point), each round's model plans the *reference prompt* (one
    prompt filling the history the scheduler will see, at this pipeline depth), and each
@@ -34,11 +36,11 @@ well one functional form fits it:
    of the model, and a chunk past its lower size costs its upper size's time; sizes
    measured inside the segment (the profile bisects it) move the lower size up to the
    largest of them before the jump (``locate_steps``).
-4. **The fallback is never the worst choice**: when a profile stays broken,
-   the scheduler runs the fixed chunk that is best for the reference prompt on what the
-   valid part measured (``best_fixed_chunk`` on the grid without the sizes and histories
-   either side of a fall), or, if nothing valid is left, upstream's behaviour (fixed
-   chunks of ``max_num_batched_tokens``).
+4. **The fallback is never the worst choice**: when a profile is broken, the scheduler
+   runs the fixed chunk that is best for the reference prompt on what the valid part
+   measured (``best_fixed_chunk`` on the largest grid of sizes and histories it holds),
+   or, if that is no grid either, upstream's behaviour (fixed chunks of
+   ``max_num_batched_tokens``).
 
 Pure Python and numpy: no vLLM, no I/O.
 """
@@ -51,7 +53,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
-from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_falls import (
+    FALL_SIGMAS,
+    find_falls,
+    median_variance,
+    odd_points,
+    remeasure_runs,
+    runs_by_point,
+)
+from vllm_ascend.core.cpp_latency_model import MIN_NODES, LatencyModel
 from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_samples import FitError, Point, admitted, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
@@ -67,8 +77,6 @@ __all__ = [
     "untried_tile",
 ]
 
-FALL_SIGMAS = 4.0  # a fall beyond this many sigmas of the repeat scatter is not noise
-MIN_FALL = 0.10  # ... and never a fall under 10% (a faster kernel for a larger size is not broken data)
 UNSTABLE_LOSS = 0.03  # a round's schedule may cost this much more than the full model's own
 TILE_CANDIDATES = (64, 128, 256, 512)  # tile sizes the profile probes
 STEP_TOKENS = 12  # a tile step costs more than this many tokens' smooth share of the time
@@ -93,45 +101,28 @@ class Verdict:
     noisy: bool
     reason: str
     granule_tokens: int = 1
+    # (chunk_tokens, history_tokens) runs that would tell whether a fall repeats (core/cpp_falls.py)
+    remeasure: tuple[tuple[int, int], ...] = ()
 
 
-def _falls(points: Sequence[Point], tolerance: float) -> tuple[list[str], set[int], set[int]]:
-    """Adjacent points, along the chunk sizes of a history or the histories of a chunk size, whose time falls.
-
-    Returns the descriptions, and the chunk sizes and histories either side of a fall
-    (which of the two is wrong the data cannot tell).
-    """
-    by_key = {(p.chunk_tokens, p.history_tokens): p.median_ms for p in points}
-    chunks = sorted({p.chunk_tokens for p in points})
-    histories = sorted({p.history_tokens for p in points})
-    falls: list[str] = []
-    bad_chunks: set[int] = set()
-    bad_histories: set[int] = set()
-    for along_chunks, axis, others in ((True, chunks, histories), (False, histories, chunks)):
-        for other in others:
-            keys = [(a, other) if along_chunks else (other, a) for a in axis]
-            line = [(key, by_key[key]) for key in keys if key in by_key]
-            for (k0, t0), (k1, t1) in zip(line, line[1:], strict=False):
-                if t1 < t0 * (1.0 - tolerance):
-                    falls.append(f"{k1} takes {t1:.4g} ms, {1 - t1 / t0:.0%} less than {k0}")
-                    if along_chunks:
-                        bad_chunks |= {k0[0], k1[0]}
-                    else:
-                        bad_histories |= {k0[1], k1[1]}
-    return falls, bad_chunks, bad_histories
-
-
-def _fallback_chunk(
-    points: Sequence[Point], bad_chunks: set[int], bad_histories: set[int], limits: ChunkLimits, num_stages: int,
-    prompt_tokens: int,
-) -> int | None:  # fmt: skip
-    """The best fixed chunk on the grid left once the sizes and histories either side of a fall are set aside."""
-    kept = [p for p in points if p.chunk_tokens not in bad_chunks and p.history_tokens not in bad_histories]
+def _fallback_chunk(points: Sequence[Point], limits: ChunkLimits, num_stages: int, max_history: int) -> int | None:
+    """The best fixed chunk on the largest grid the valid points hold: the sizes measured without history
+    and at as many of the other histories as still leave ``MIN_NODES`` sizes measured at all of them."""
+    sizes: dict[int, set[int]] = {}
+    for p in points:
+        sizes.setdefault(p.history_tokens, set()).add(p.chunk_tokens)
+    if 0 not in sizes:
+        return None
+    levels, common = [0], sizes[0]
+    for history in sorted(sizes, key=lambda h: (-len(sizes[h]), h)):
+        if history and len(common & sizes[history]) >= MIN_NODES:
+            levels, common = [*levels, history], common & sizes[history]
+    kept = [p for p in points if p.history_tokens in levels and p.chunk_tokens in common]
     try:
-        model = LatencyModel.from_points(kept)
+        rule = ChunkRule(LatencyModel.from_points(kept), limits, num_stages)
     except FitError:
         return None
-    return best_fixed_chunk(ChunkRule(model, limits, num_stages), prompt_tokens)
+    return best_fixed_chunk(rule, reference_prompt_tokens(rule, max_history))
 
 
 def grid_part(points: Sequence[Point]) -> list[Point]:
@@ -141,11 +132,6 @@ def grid_part(points: Sequence[Point]) -> list[Point]:
     for p in points:
         sizes.setdefault(p.chunk_tokens, set()).add(p.history_tokens)
     return [p for p in points if sizes[p.chunk_tokens] == histories]
-
-
-def _median_variance(repeats: int) -> float:
-    """The variance of a median of ``repeats`` samples, in units of one sample's (Gaussian noise)."""
-    return 1.0 / repeats if repeats <= 2 else math.pi / (2.0 * repeats)
 
 
 def detect_granule(points: Sequence[Point], scatter: float) -> int:
@@ -183,7 +169,7 @@ def _jumps_after(without_history: dict[int, Point], size: int, scatter: float) -
     slopes = [(low.median_ms - without_history[c].median_ms) / (low.chunk_tokens - c) for c in below]
     slopes += [(without_history[c].median_ms - low.median_ms) / (c - low.chunk_tokens) for c in above]
     smooth = STEP_TOKENS * max(slopes) / low.median_ms if slopes else STEP_TOKENS / low.chunk_tokens
-    noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(low.repeats) + _median_variance(high.repeats))
+    noise = FALL_SIGMAS * scatter * math.sqrt(median_variance(low.repeats) + median_variance(high.repeats))
     return jump > max(noise, smooth)
 
 
@@ -205,14 +191,15 @@ def detect_steps(model: LatencyModel, points: Sequence[Point], scatter: float) -
     spans = [math.log(b / a) for a, b in zip(nodes, nodes[1:], strict=False)]
     growths = [math.log(b / a) for a, b in zip(row, row[1:], strict=False)]
     laws = [g / span for g, span in zip(growths, spans, strict=True)]
+    odd = {nodes.index(c) for c, h in model.odd_points if h == 0}  # (a segment beside one is no law)
 
     def variance(j: int) -> float:  # of segment j's growth, in units of the scatter's square
-        return sum(_median_variance(repeats.get(nodes[k], 1)) for k in (j, j + 1))
+        return sum(median_variance(repeats.get(nodes[k], 1)) for k in (j, j + 1))
 
     steps = []
     for i in range(1, len(laws)):  # (the first segment runs from a decode's one token)
         beside = [j for j in (i - 1, i + 1) if 1 <= j < len(laws)]
-        if not beside:
+        if not beside or odd & {i - 1, i, i + 1, i + 2}:
             continue
         j = max(beside, key=lambda k: laws[k])
         if laws[j] > STEP_FLATNESS * laws[i]:
@@ -237,7 +224,7 @@ def _pair_jumps(flat: Point, past: Point, low_ms: float, high_ms: float, scatter
     if past.chunk_tokens - flat.chunk_tokens > LOCATE_TOKENS:
         return False
     jump = math.log(past.median_ms / flat.median_ms)
-    noise = FALL_SIGMAS * scatter * math.sqrt(_median_variance(flat.repeats) + _median_variance(past.repeats))
+    noise = FALL_SIGMAS * scatter * math.sqrt(median_variance(flat.repeats) + median_variance(past.repeats))
     return jump > max(noise, PAIR_SHARE * math.log(high_ms / low_ms))
 
 
@@ -259,8 +246,11 @@ def locate_steps(
     zero = {p.chunk_tokens: p for p in points if p.history_tokens == 0}
     nodes, rows = list(model.chunk_tokens), [list(row) for row in model.step_ms]
     located = set(steps)
+    odd = {c for c, _ in model.odd_points}
     for i in reversed(range(len(nodes) - 1)):  # from the top: an insertion moves only the segments above it
         a, b = nodes[i], nodes[i + 1]
+        if {a, b} & odd:  # beside an odd point a size between costs the dearer end already
+            continue
         low_ms, high_ms = rows[0][i], rows[0][i + 1]
         inside = sorted(c for c in zero if a < c < b)
         past = [c for c in inside if not flat_side(low_ms, high_ms, zero[c].median_ms)]
@@ -333,35 +323,42 @@ def _rounds(samples: Sequence[tuple[int, int, float]]) -> list[list[tuple[int, i
 
 
 def judge(
-    samples: Iterable[object], limits: ChunkLimits, num_stages: int, *, max_history_tokens: int, last_round: bool
+    samples: Iterable[object],
+    limits: ChunkLimits,
+    num_stages: int,
+    *,
+    max_history_tokens: int,
+    last_round: bool,
+    remeasure_budget: int = 0,
 ) -> Verdict:
     """The verdict on a profile for a scheduler with these limits and pipeline depth (see the module doc).
 
-    ``last_round``: no more measuring will follow, so noise is settled by the fallback.
+    ``last_round``: no more rounds will follow, so noise is settled by the median of all of them;
+    ``remeasure_budget``: the most runs the verdict may ask for to tell whether falls repeat.
     """
     valid, dropped = admitted(samples)
     note = f"; {dropped} sample(s) not measurements, dropped" if dropped else ""
     all_points, scatter = group_points(valid)
     points = grid_part(all_points)
+    falls = find_falls(points, runs_by_point(valid), scatter)
+    odd = odd_points(falls)
     try:
-        model = LatencyModel.from_points(points, scatter)
+        model = LatencyModel.from_points(points, scatter, odd)
     except FitError as error:
-        return Verdict(None, None, False, f"no usable profile ({error}){note}")
+        fallback = _fallback_chunk(all_points, limits, num_stages, max_history_tokens)
+        return Verdict(None, fallback, False, f"no usable profile ({error}){note}")
     granule = detect_granule(all_points, scatter)
     if granule > 1:
         note = f"; time steps every {granule} tokens: chunks are multiples of it{note}"
+    kept = [fall for fall in falls if fall.repeated]
+    if kept:
+        note = f"; {len(kept)} fall(s) that repeated kept, e.g. {kept[0].describe()}{note}"
+    if len(kept) < len(falls):
+        note = f"; {len(falls) - len(kept)} fall(s) that did not repeat averaged away{note}"
     steps = detect_steps(model, points, scatter)
     model = locate_steps(model, all_points, steps, scatter)
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
-    tolerance = max(MIN_FALL, FALL_SIGMAS * scatter)
-    falls, bad_chunks, bad_histories = _falls(points, tolerance)
-    if falls:
-        reason = f"broken profile: {len(falls)} time(s) fall as the chunk or history grows, e.g. {falls[0]}{note}"
-        if not last_round:
-            return Verdict(None, None, True, reason)
-        fallback = _fallback_chunk(points, bad_chunks, bad_histories, judged.limits, num_stages, prompt_tokens)
-        return Verdict(None, fallback, False, reason, granule)
     grid_keys = {(p.chunk_tokens, p.history_tokens) for p in points}
     rounds = _rounds([s for s in valid if (s[0], s[1]) in grid_keys])  # (a size measured once is in none)
     loss = 0.0
@@ -370,7 +367,7 @@ def judge(
         for samples_of_round in rounds:
             round_points, _ = group_points(samples_of_round)
             try:
-                round_model = LatencyModel.from_points(grid_part(round_points))
+                round_model = LatencyModel.from_points(grid_part(round_points), odd=odd)
                 round_rule = judged.with_model(locate_steps(round_model, all_points, steps, scatter))
             except FitError:
                 continue
@@ -381,4 +378,5 @@ def judge(
     )
     if loss > UNSTABLE_LOSS and not last_round:
         return Verdict(None, None, True, f"unstable decisions: a single round's schedule costs {loss:+.1%}{note}")
-    return Verdict(model, None, False, reason, granule)
+    remeasure = tuple(remeasure_runs(falls, runs_by_point(valid), remeasure_budget))
+    return Verdict(model, None, False, reason, granule, remeasure)

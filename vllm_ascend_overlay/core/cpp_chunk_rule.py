@@ -46,7 +46,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from vllm_ascend.core.cpp_latency_model import LatencyModel
@@ -96,10 +96,17 @@ class ChunkLimits:
 
 @dataclass(frozen=True)
 class EfficientChunks:
-    """C*(H) at a grid of histories for one fixed cost per batch; linear in between, flat beyond."""
+    """C*(H) at a grid of histories for one fixed cost per batch; linear in between, flat beyond.
+
+    And the sweet spots below a chunk: at the i-th history a chunk of ``sizes[k]`` tokens up to
+    ``sizes[k + 1]`` takes ``instead[i][k]`` tokens when that size is cheaper per token than any
+    other up to it (0: the chunk itself); at a history between two of the grid, the nearer's.
+    """
 
     history_tokens: tuple[float, ...]
     chunk_tokens: tuple[float, ...]
+    sizes: np.ndarray | None = field(default=None, compare=False)
+    instead: np.ndarray | None = field(default=None, compare=False)  # [history][size]
 
     def at(self, history_tokens: float) -> float:
         histories, chunks = self.history_tokens, self.chunk_tokens
@@ -114,9 +121,37 @@ class EfficientChunks:
     def at_many(self, history_tokens: np.ndarray) -> np.ndarray:
         return np.interp(history_tokens, self.history_tokens, self.chunk_tokens)
 
-    def capped(self, chunk_tokens: float) -> EfficientChunks:
-        """The same, never over ``chunk_tokens``."""
-        return EfficientChunks(self.history_tokens, tuple(min(c, float(chunk_tokens)) for c in self.chunk_tokens))
+    def capped(self, chunk_tokens: float, sweet: bool = True) -> EfficientChunks:
+        """The same, never over ``chunk_tokens`` (``sweet=False``: and no sweet spot below a chunk either)."""
+        chunks = tuple(min(c, float(chunk_tokens)) for c in self.chunk_tokens)
+        return EfficientChunks(self.history_tokens, chunks, *((self.sizes, self.instead) if sweet else ()))
+
+    def _nearest(self, history_tokens: np.ndarray) -> np.ndarray:
+        histories = np.asarray(self.history_tokens)
+        upper = np.minimum(np.searchsorted(histories, history_tokens), len(histories) - 1)
+        lower = np.maximum(upper - 1, 0)
+        nearer_upper = np.abs(histories[upper] - history_tokens) < np.abs(history_tokens - histories[lower])
+        return np.where(nearer_upper, upper, lower)
+
+    def sweet(self, history_tokens: float, chunk_tokens: float) -> float:
+        """The chunk a rule that would take ``chunk_tokens`` takes: a sweet spot below it, or it."""
+        if self.instead is None:
+            return chunk_tokens
+        histories = self.history_tokens
+        upper = min(bisect.bisect_left(histories, history_tokens), len(histories) - 1)
+        lower = max(upper - 1, 0)
+        i = upper if histories[upper] - history_tokens < history_tokens - histories[lower] else lower
+        k = bisect.bisect_right(self.sizes, chunk_tokens) - 1
+        instead = float(self.instead[i, k]) if k >= 0 else 0.0
+        return instead if instead > 0 else chunk_tokens
+
+    def sweet_many(self, history_tokens: np.ndarray, chunk_tokens: np.ndarray) -> np.ndarray:
+        """``sweet`` of arrays (broadcast together)."""
+        if self.instead is None:
+            return chunk_tokens
+        k = np.searchsorted(self.sizes, chunk_tokens, side="right") - 1
+        instead = self.instead[self._nearest(np.asarray(history_tokens, dtype=np.float64)), np.maximum(k, 0)]
+        return np.where((k >= 0) & (instead > 0), instead, chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -128,6 +163,19 @@ class Plan:
     fixed_ms: float
     efficient: EfficientChunks
     batch_tokens: float = math.inf
+
+
+def _sweet_spots(sizes: np.ndarray, per_token: np.ndarray, slack: float) -> tuple[np.ndarray, np.ndarray] | tuple:
+    """``EfficientChunks.instead`` for the cost per token of ``sizes`` at each history (rows): below a chunk
+    whose own cost is more than ``slack`` over the least of the sizes up to it, the largest size within
+    ``slack`` of that least (a size a better kernel or tiling favours; none on a smooth device, where the
+    cost per token falls with the size up to C*). () when there is none."""
+    least = np.minimum.accumulate(per_token, axis=1)  # [history, k]: the least up to size k
+    up_to = np.arange(len(sizes))
+    near = (per_token[:, None, :] <= least[:, :, None] * (1.0 + slack)) & (up_to[None, :] <= up_to[:, None])[None]
+    largest = len(sizes) - 1 - np.argmax(near[:, :, ::-1], axis=2)  # [history, k]
+    instead = np.where(largest < up_to[None, :], sizes[largest], 0.0)
+    return (sizes, instead) if instead.any() else ()
 
 
 class ChunkRule:
@@ -152,17 +200,21 @@ class ChunkRule:
         return ChunkRule(self.model, replace(self.limits, **changes), self.num_stages)
 
     # ------------------------------------------------------------------ C*(H)
-    def efficient_chunks(self, fixed_ms: float | None = None) -> EfficientChunks:
+    def efficient_chunks(self, fixed_ms: float | None = None, sweet: bool = False) -> EfficientChunks:
         """C*(H) = argmin_C (F + r(C, H - C/2)) / C over chunk sizes from the floor to the cap (rule 1).
 
         Searched on the model at a grid of histories up to the context (linear and
-        geometric steps, so early history is fine-grained); cached per fixed cost.
+        geometric steps, so early history is fine-grained); cached per fixed cost. With
+        ``sweet``, also the sweet spots below a chunk (``EfficientChunks.instead``): a chunk
+        that falls to one makes a batch shorter than the one before it, which the pipeline
+        may not turn into a gain (at most P in flight), so only a plan checked chunk by
+        chunk takes them (core/cpp_chunk_check.py).
         """
         model, limits = self.model, self.limits
         fixed_ms = model.fixed_ms if fixed_ms is None else max(float(fixed_ms), model.fixed_ms)
         cached = self._efficient_cache.get(fixed_ms)
         if cached is not None:
-            return cached
+            return cached if sweet or cached.instead is None else cached.capped(math.inf, sweet=False)
         deepest = max(1.0, float(limits.max_model_len))
         histories = np.unique(
             np.concatenate(
@@ -174,9 +226,10 @@ class ChunkRule:
         )
         low, high = float(limits.floor_tokens), float(limits.cap_tokens)
         chunks = np.geomspace(low, max(low, high), _EFFICIENT_CHUNKS).round()
-        # And each step's lower size (the end of a wave): the cheapest per token near it, on no grid.
-        before_steps = np.array(model.step_lowers(), dtype=np.float64)
-        chunks = np.unique(np.concatenate([chunks, before_steps[(before_steps >= low) & (before_steps <= high)]]))
+        # And each odd point's size (a sweet spot is measured there and may hold nowhere else) and each
+        # step's lower size (the end of a wave): the cheapest per token near them, on no grid.
+        measured = np.array([*(c for c, _ in model.odd_points), *model.step_lowers()], dtype=np.float64)
+        chunks = np.unique(np.concatenate([chunks, measured[(measured >= low) & (measured <= high)]]))
         if limits.granule_tokens > 1:
             granule = limits.granule_tokens
             aligned = np.arange(granule, high + 1, granule, dtype=np.float64)
@@ -195,11 +248,13 @@ class ChunkRule:
         # with the chunk, so it only ever favours larger chunks; a dip is measurement noise, and
         # following it would make batch times fall, which the pipeline cannot turn into a gain.
         best = np.maximum.accumulate(best)
-        curve = EfficientChunks(tuple(histories.tolist()), tuple(best.tolist()))
+        curve = EfficientChunks(
+            tuple(histories.tolist()), tuple(best.tolist()), *_sweet_spots(chunks, per_token, slack)
+        )
         if len(self._efficient_cache) > 64:
             self._efficient_cache.clear()
         self._efficient_cache[fixed_ms] = curve
-        return curve
+        return self.efficient_chunks(fixed_ms, sweet)
 
     def plan(self, target_ms: float, fixed_ms: float | None = None) -> Plan:
         """A plan with this target (``fixed_ms``: each batch's cost before any prefill; default the model's)."""
@@ -213,11 +268,9 @@ class ChunkRule:
     def chunk_alone(self, history_tokens: float, plan: Plan, fixed_ms: float) -> int:
         """Rules 1 and 2 for a request alone in a batch whose fixed cost is ``fixed_ms``: whole tokens, no tail."""
         limits = self.limits
-        raw = min(
-            self.model.chunk_for_request_ms(history_tokens, plan.target_ms - fixed_ms),
-            plan.efficient.at(history_tokens),
-            float(limits.cap_tokens),
-        )
+        up_to = min(plan.efficient.at(history_tokens), float(limits.cap_tokens))
+        raw = self.model.chunk_for_request_ms(history_tokens, plan.target_ms - fixed_ms, up_to)
+        raw = plan.efficient.sweet(history_tokens, raw)  # (a sweet spot below it costs less per token)
         blended = limits.cap_tokens + limits.smooth_factor * (raw - limits.cap_tokens)
         chunk = max(whole_tokens(blended, limits.granule_tokens), limits.floor_tokens)
         return min(chunk, self._context_cap(history_tokens))
@@ -231,13 +284,9 @@ class ChunkRule:
     ) -> np.ndarray:
         """``chunk_alone`` for arrays of histories and targets (as floats; the planner's form)."""
         limits = self.limits
-        raw = np.minimum(
-            np.minimum(
-                self.model.chunk_for_time_many(history_tokens, self.model.fixed_ms + target_ms - fixed_ms),
-                efficient.at_many(history_tokens),
-            ),
-            float(limits.cap_tokens),
-        )
+        up_to = np.minimum(efficient.at_many(history_tokens), float(limits.cap_tokens))
+        raw = self.model.chunk_for_time_many(history_tokens, self.model.fixed_ms + target_ms - fixed_ms, up_to)
+        raw = efficient.sweet_many(history_tokens, raw)
         blended = limits.cap_tokens + limits.smooth_factor * (raw - limits.cap_tokens)
         granule = limits.granule_tokens
         whole = np.floor(blended + 1e-9)
@@ -272,7 +321,7 @@ class ChunkRule:
         limit = min(remaining_tokens, limits.base_chunk_tokens, limits.max_model_len - history_tokens)
         if limit <= 0:
             return 0
-        raw = self.model.chunk_for_request_ms(history_tokens, budget_ms)
+        raw = self.model.chunk_for_request_ms(history_tokens, budget_ms, limit)
         if raw >= limit:
             return limit
         return whole_tokens(raw, limits.granule_tokens)

@@ -4,7 +4,9 @@
 tokens of history (the slowest pipeline stage's time). The model is the profiled table
 itself, on a grid of chunk sizes (nodes) by history lengths (levels): each point the
 median of its repeats, made non-decreasing in C and in H by isotonic regression (a fall
-within the noise is averaged away, not believed). Between the measured points:
+within the noise is averaged away, not believed), except at *odd points*: a fall that
+repeated (core/cpp_acceptance.py says when) is a fact about the device, a size that hits a
+better kernel or a worse one, and its points keep their medians. Between the measured points:
 
 - in C, linear in log C and log t: exact for any power law t ~ C^k, so a fixed cost
   (k = 0), linear work (k = 1) and attention among the chunk's own tokens (k = 2) are
@@ -16,12 +18,17 @@ within the noise is averaged away, not believed). Between the measured points:
 A step (``steps``): where the profile shows time jumping between two sizes far beyond the
 growth on either side (a wave of tiles more on the device's cores, a kernel switch), a
 chunk past the lower size costs the upper size's time, not a share of the jump: nothing
-between the two was measured, and the jump may come right after the lower one.
+between the two was measured, and the jump may come right after the lower one. Beside an
+odd point the same reading holds the other way: a size between it and a neighbouring size
+costs the dearer of the two (nothing measured says the odd point's speed reaches past it),
+and the chunk for a time is the largest that fits, so a fast larger size is taken over a
+slower smaller one (it dominates it: a prompt with the tokens can always take it).
 
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
 least 1 (never cheaper per token than measured); beyond the deepest level, the last two
-levels' slope per size, made non-decreasing in C (never falling, and still ordered in C).
+levels' slope per size, never below 0 and made non-decreasing in C (never falling, and
+still ordered in C).
 
 A step of several requests costs the step's fixed cost once plus each request's own
 cost: ``batch_time_ms = fixed_ms + sum_i request_ms(C_i, H_i)`` with ``request_ms =
@@ -43,9 +50,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from vllm_ascend.core.cpp_grid import falls_outside, monotone_grid
 from vllm_ascend.core.cpp_samples import FitError, Point
 
-__all__ = ["FitError", "LatencyModel", "batch_features"]
+__all__ = ["FitError", "LatencyModel", "batch_features", "monotone_grid"]
 
 MIN_NODES = 3  # chunk sizes a level needs for the interpolation to follow a bend
 
@@ -55,43 +63,9 @@ def batch_features(pairs: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], .
     return tuple((int(chunk), int(history)) for chunk, history in pairs)
 
 
-def _isotonic(values: list[float], weights: list[float]) -> list[float]:
-    """Non-decreasing least-squares fit to ``values`` (pool adjacent violators)."""
-    blocks: list[list[float]] = []  # [mean, weight, count]
-    for value, weight in zip(values, weights, strict=True):
-        blocks.append([value, weight, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            mean, weight_b, count_b = blocks.pop()
-            previous = blocks[-1]
-            total = previous[1] + weight_b
-            previous[0] = (previous[0] * previous[1] + mean * weight_b) / total
-            previous[1] = total
-            previous[2] += count_b
-    out: list[float] = []
-    for mean, _, count in blocks:
-        out += [mean] * int(count)
-    return out
-
-
 def _index_within(index: np.ndarray, highest: int) -> np.ndarray:
     """Indices held to [0, highest] (np.clip's checks cost more than the clip on small arrays)."""
     return np.minimum(np.maximum(index, 0), highest)
-
-
-def monotone_grid(grid: list[list[float]], weights: list[list[float]]) -> list[list[float]]:
-    """The grid [level][node] made non-decreasing along both axes, each by isotonic regression.
-
-    Rows, then columns, then rows again are pooled; a last running maximum down the
-    levels guarantees both orders exactly (the maximum of two non-decreasing rows is
-    non-decreasing).
-    """
-    rows = [_isotonic(row, w) for row, w in zip(grid, weights, strict=True)]
-    columns = [_isotonic([row[i] for row in rows], [w[i] for w in weights]) for i in range(len(rows[0]))]
-    rows = [[columns[i][j] for i in range(len(columns))] for j in range(len(rows))]
-    rows = [_isotonic(row, w) for row, w in zip(rows, weights, strict=True)]
-    for j in range(1, len(rows)):
-        rows[j] = [max(a, b) for a, b in zip(rows[j], rows[j - 1], strict=True)]
-    return rows
 
 
 @dataclass(frozen=True)
@@ -105,9 +79,12 @@ class LatencyModel:
     scatter: float = 0.0  # relative scatter between repeats of one profiled point
     num_points: int = 0
     steps: tuple[int, ...] = ()  # segments i (nodes[i] to nodes[i + 1]) whose time steps right after nodes[i]
+    # (chunk_tokens, history_tokens) of grid points whose time stands though a neighbour falls below it
+    odd_points: tuple[tuple[int, int], ...] = ()
     _scalar: tuple = field(init=False, repr=False, compare=False)
     _vector: tuple = field(init=False, repr=False, compare=False)
     _step_mask: np.ndarray | None = field(init=False, repr=False, compare=False)
+    _odd_mask: np.ndarray | None = field(init=False, repr=False, compare=False)  # [level][segment] beside one
 
     def __post_init__(self) -> None:
         nodes, levels, rows = self.chunk_tokens, self.history_tokens, self.step_ms
@@ -120,9 +97,11 @@ class LatencyModel:
         flat = [t for row in rows for t in row]
         if not all(math.isfinite(t) and t > 0 for t in flat):
             raise FitError("step times must be finite and > 0")
-        if any(b < a for row in rows for a, b in zip(row, row[1:], strict=False)) or any(
-            b < a for j in range(1, len(rows)) for a, b in zip(rows[j - 1], rows[j], strict=True)
-        ):
+        cells = {(c, h): (j, i) for j, h in enumerate(levels) for i, c in enumerate(nodes)}
+        if list(self.odd_points) != sorted(set(self.odd_points)) or not set(self.odd_points) <= set(cells):
+            raise FitError(f"odd points must be sorted grid points (chunk, history), got {list(self.odd_points)[:4]}")
+        kept = {cells[point] for point in self.odd_points}
+        if falls_outside(rows, kept):
             raise FitError("step times must not fall with chunk size or history (use LatencyModel.from_points)")
         if not (math.isfinite(self.fixed_ms) and 0 <= self.fixed_ms <= rows[0][0]):
             raise FitError(f"fixed_ms {self.fixed_ms!r} must be in [0, the smallest step's time]")
@@ -131,13 +110,20 @@ class LatencyModel:
         mask = np.zeros(len(nodes) - 1, dtype=bool)
         mask[list(self.steps)] = True
         object.__setattr__(self, "_step_mask", mask if self.steps else None)
+        odd = np.zeros((len(levels), len(nodes)), dtype=bool)
+        for j, i in kept:
+            odd[j, i] = True
+        beside = odd[:, :-1] | odd[:, 1:]  # a segment with an odd point at either end
         if len(levels) == 1:  # one level: no history dependence; a copy makes the blend uniform
-            levels, rows = (0, max(1, nodes[-1])), (rows[0], rows[0])
-        # Beyond the deepest level each size continues with the last levels' slope, made
-        # non-decreasing in C (attending to more history costs a larger chunk more), so the
-        # continued row stays ordered in C: a virtual level one spacing further holds it.
-        steps = np.maximum.accumulate(np.array(rows[-1]) - np.array(rows[-2]))
-        beyond = tuple((np.array(rows[-1]) + steps).tolist())
+            levels, rows, beside = (0, max(1, nodes[-1])), (rows[0], rows[0]), np.vstack([beside, beside])
+        object.__setattr__(self, "_odd_mask", np.vstack([beside, beside[-1:] & False]) if kept else None)
+        # Beyond the deepest level each size continues with the last levels' slope, never below 0
+        # and made non-decreasing in C (attending to more history costs a larger chunk more), so the
+        # continued row stays ordered in C: a virtual level one spacing further holds it. Nothing
+        # measured says an odd point lasts past the deepest level: there it fades into the trend.
+        trend = np.array(monotone_grid([list(r) for r in rows], [[1.0] * len(nodes)] * len(rows), kept, False))
+        steps = np.maximum.accumulate(np.maximum(trend[-1] - trend[-2], 0.0))
+        beyond = tuple((np.where(odd[-1], trend[-1], np.maximum(rows[-1], trend[-1])) + steps).tolist())
         rows = (*rows, beyond)
         levels = (*levels, 2 * levels[-1] - levels[-2])
         log_nodes = [math.log(c) for c in nodes]
@@ -146,10 +132,12 @@ class LatencyModel:
         vector = (np.array(nodes, dtype=np.float64), np.array(log_nodes), np.array(levels, dtype=np.float64))
         object.__setattr__(self, "_vector", (*vector, np.array(rows, dtype=np.float64)))
 
-    # ---------------------------------------------------------------- construction
     @classmethod
-    def from_points(cls, points: Sequence[Point], scatter: float = 0.0) -> LatencyModel:
-        """The model of profiled points that form a full grid (every chunk size at every level)."""
+    def from_points(
+        cls, points: Sequence[Point], scatter: float = 0.0, odd: Iterable[tuple[int, int]] = ()
+    ) -> LatencyModel:
+        """The model of profiled points that form a full grid (every chunk size at every level); the
+        ``odd`` points ((chunk, history) on the grid) keep their medians (see the module docstring)."""
         nodes = sorted({p.chunk_tokens for p in points})
         levels = sorted({p.history_tokens for p in points})
         by_key = {(p.chunk_tokens, p.history_tokens): p for p in points}
@@ -165,7 +153,8 @@ class LatencyModel:
             raise FitError("the profile has no chunk without history (history_tokens = 0)")
         grid = [[by_key[(c, h)].median_ms for c in nodes] for h in levels]
         weights = [[float(by_key[(c, h)].repeats) for c in nodes] for h in levels]
-        rows = monotone_grid(grid, weights)
+        odd = sorted({(int(c), int(h)) for c, h in odd if (c, h) in by_key})
+        rows = monotone_grid(grid, weights, [(levels.index(h), nodes.index(c)) for c, h in odd])
         first, second = rows[0][0], rows[0][1]
         slope = (second - first) / (nodes[1] - nodes[0])
         fixed_ms = min(first, max(0.0, first - nodes[0] * slope))
@@ -176,25 +165,34 @@ class LatencyModel:
             fixed_ms,
             scatter=float(scatter),
             num_points=len(points),
+            odd_points=tuple(odd),
         )
 
     # ---------------------------------------------------------------- scalar questions
-    def _level(self, history_tokens: float) -> tuple[list[float], list[float], float]:
-        """The two rows around a history and the weight of the second (> 1 only beyond the last)."""
+    def _level(self, history_tokens: float) -> tuple[list[float], list[float], float, int]:
+        """The two rows around a history, the weight of the second (> 1 only beyond the last) and the
+        first's index."""
         _, _, levels, rows = self._scalar
         # Beyond the last measured level the pair is that level and the virtual one after it.
         j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 2)
         weight = max(0.0, (history_tokens - levels[j]) / (levels[j + 1] - levels[j]))
-        return rows[j], rows[j + 1], weight
+        return rows[j], rows[j + 1], weight, j
+
+    def _beside_odd(self, level: int, segment: int) -> bool:
+        """Whether a segment of the rows blended from ``level`` and the next has an odd point at an end."""
+        mask = self._odd_mask
+        return mask is not None and bool(mask[level, segment] or mask[level + 1, segment])
 
     def time_ms(self, chunk_tokens: float, history_tokens: float) -> float:
         """Time of a step that runs only this chunk."""
         nodes, log_nodes, _, _ = self._scalar
-        low, high, weight = self._level(history_tokens)
+        low, high, weight, j = self._level(history_tokens)
         last = len(nodes) - 1
         i = min(max(bisect.bisect_right(nodes, chunk_tokens) - 1, 0), last - 1)
         a = low[i] + weight * (high[i] - low[i])
         b = low[i + 1] + weight * (high[i + 1] - low[i + 1])
+        if nodes[i] < chunk_tokens < nodes[i + 1] and self._beside_odd(j, i):
+            return max(a, b)  # beside an odd point: the dearer end
         if self.steps and nodes[i] < chunk_tokens <= nodes[i + 1] and i in self.steps:
             return b  # past a step: the upper size's time
         exponent = math.log(b / a) / (log_nodes[i + 1] - log_nodes[i])
@@ -206,21 +204,30 @@ class LatencyModel:
             return a * (0.0 if exponent > 0 else 1.0)
         return a * math.exp(exponent * (math.log(chunk_tokens) - log_nodes[i]))
 
-    def chunk_for_time(self, history_tokens: float, time_ms: float) -> float:
-        """The largest real C >= 0 with time_ms(C, H) <= time_ms (0 when not even the smallest fits)."""
+    def chunk_for_time(self, history_tokens: float, time_ms: float, up_to: float = math.inf) -> float:
+        """The largest real C >= 0, at most ``up_to``, with time_ms(C, H) <= time_ms (0 when not even the
+        smallest fits)."""
         nodes, log_nodes, _, _ = self._scalar
-        low, high, weight = self._level(history_tokens)
+        low, high, weight, j = self._level(history_tokens)
         last = len(nodes) - 1
-        lo_k, hi_k = -1, last + 1  # largest k with blended value <= time_ms, by bisection
-        while hi_k - lo_k > 1:
-            middle = (lo_k + hi_k) // 2
-            if low[middle] + weight * (high[middle] - low[middle]) <= time_ms:
-                lo_k = middle
-            else:
-                hi_k = middle
-        k = lo_k
-        if 0 <= k < last and k in self.steps:
-            return nodes[k]  # anything larger pays the step
+        if self.odd_points:  # rows may fall: the largest node that fits, below up_to
+            if up_to < math.inf and self.time_ms(up_to, history_tokens) <= time_ms:
+                return up_to
+            fitting = (
+                k for k in range(last, -1, -1) if nodes[k] < up_to and low[k] + weight * (high[k] - low[k]) <= time_ms
+            )
+            k = next(fitting, -1)
+        else:
+            lo_k, hi_k = -1, last + 1  # largest k with blended value <= time_ms, by bisection
+            while hi_k - lo_k > 1:
+                middle = (lo_k + hi_k) // 2
+                if low[middle] + weight * (high[middle] - low[middle]) <= time_ms:
+                    lo_k = middle
+                else:
+                    hi_k = middle
+            k = lo_k
+        if 0 <= k < last and (k in self.steps or self._beside_odd(j, k)):
+            return min(nodes[k], up_to)  # anything larger pays the step, or the dearer end beside an odd point
         i = min(max(k, 0), last - 1)
         a = low[i] + weight * (high[i] - low[i])
         b = low[i + 1] + weight * (high[i + 1] - low[i + 1])
@@ -231,15 +238,15 @@ class LatencyModel:
                 return 0.0
         elif k == last:
             a, i, exponent = b, last, max(exponent, 1.0)
-        return math.exp(log_nodes[i] + (math.log(time_ms) - math.log(a)) / exponent)
+        return min(math.exp(log_nodes[i] + (math.log(time_ms) - math.log(a)) / exponent), up_to)
 
     def request_ms(self, chunk_tokens: float, history_tokens: float) -> float:
         """One request's own cost in a step: its step time without the fixed cost."""
         return max(0.0, self.time_ms(chunk_tokens, history_tokens) - self.fixed_ms)
 
-    def chunk_for_request_ms(self, history_tokens: float, budget_ms: float) -> float:
-        """The largest real C with request_ms(C, H) <= budget_ms."""
-        return self.chunk_for_time(history_tokens, self.fixed_ms + budget_ms)
+    def chunk_for_request_ms(self, history_tokens: float, budget_ms: float, up_to: float = math.inf) -> float:
+        """The largest real C, at most ``up_to``, with request_ms(C, H) <= budget_ms."""
+        return self.chunk_for_time(history_tokens, self.fixed_ms + budget_ms, up_to)
 
     def batch_time_ms(self, pairs: Iterable[tuple[int, int]]) -> float:
         """The fixed cost once plus each (chunk_tokens, history_tokens) pair's own cost; [] costs fixed_ms."""
@@ -286,16 +293,27 @@ class LatencyModel:
             times = base_ms * np.exp(exponent * (np.log(np.maximum(chunks, 0.0)) - base_log))
         if self._step_mask is not None:
             times = np.where(self._step_mask[i] & (chunks > nodes[i]) & (chunks <= nodes[i + 1]), b, times)
+        if self._odd_mask is not None:
+            beside = self._odd_mask[j, i] | self._odd_mask[j + 1, i]
+            times = np.where(beside & (chunks > nodes[i]) & (chunks < nodes[i + 1]), np.maximum(a, b), times)
         return times
 
-    def chunk_for_time_many(self, history_tokens: np.ndarray, time_ms: np.ndarray) -> np.ndarray:
+    def chunk_for_time_many(
+        self, history_tokens: np.ndarray, time_ms: np.ndarray, up_to: np.ndarray | None = None
+    ) -> np.ndarray:
         """``chunk_for_time`` of arrays (broadcast together; the rows are blended once per history)."""
-        nodes, log_nodes, _, _ = self._vector
+        nodes, log_nodes, levels, _ = self._vector
         histories = np.asarray(history_tokens, dtype=np.float64)
         times = np.asarray(time_ms, dtype=np.float64)
         rows = self._rows_at(histories)
         last = len(nodes) - 1
-        k = np.count_nonzero(rows <= times[..., None], axis=-1) - 1
+        if self._odd_mask is None:
+            k = np.count_nonzero(rows <= times[..., None], axis=-1) - 1
+        else:  # rows may fall: the largest node that fits (below up_to)
+            fits = rows <= times[..., None]
+            if up_to is not None:
+                fits = fits & (nodes < np.asarray(up_to, dtype=np.float64)[..., None])
+            k = np.where(fits.any(axis=-1), last - np.argmax(fits[..., ::-1], axis=-1), -1)
         i = _index_within(k, last - 1)
         # Each element's row of the blended table, by a flat index (rows are blended per history only).
         row_starts = np.arange(0, rows.size, len(nodes)).reshape(histories.shape)
@@ -311,7 +329,17 @@ class LatencyModel:
             chunks = np.exp(base_log + (np.log(times) - np.log(base_ms)) / exponent)
         if self._step_mask is not None:
             chunks = np.where((k >= 0) & (k < last) & self._step_mask[i], nodes[i], chunks)
-        return np.where(below & ((exponent <= 0) | ~(times > 0)), 0.0, chunks)
+        if self._odd_mask is not None:  # beside an odd point the dearer end: no further than the node
+            j = _index_within(np.searchsorted(levels, histories, side="right") - 1, len(levels) - 2)
+            beside = (self._odd_mask[j] | self._odd_mask[j + 1]).ravel()
+            starts = np.arange(0, beside.size, last).reshape(histories.shape)
+            chunks = np.where((k >= 0) & (k < last) & beside.take(starts + i), nodes[i], chunks)
+        chunks = np.where(below & ((exponent <= 0) | ~(times > 0)), 0.0, chunks)
+        if up_to is None:
+            return chunks
+        if self._odd_mask is not None:  # up_to itself, when it fits (a node before it may not)
+            chunks = np.where(self.time_ms_many(up_to, histories) <= times, np.inf, chunks)
+        return np.minimum(chunks, up_to)
 
     def request_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
         return np.maximum(0.0, self.time_ms_many(chunk_tokens, history_tokens) - self.fixed_ms)
@@ -323,7 +351,7 @@ class LatencyModel:
         if nodes[0] != 1.0:
             return self.request_ms_many(np.ones_like(histories), histories)
         column = rows[:, 0]
-        slope = (column[-1] - column[-2]) / (levels[-1] - levels[-2])
+        slope = max(0.0, (column[-1] - column[-2]) / (levels[-1] - levels[-2]))
         inside = np.interp(histories, levels, column)
         times = np.where(histories > levels[-1], column[-1] + slope * (histories - levels[-1]), inside)
         return np.maximum(0.0, times - self.fixed_ms)
@@ -346,18 +374,14 @@ class LatencyModel:
             f"{self.time_ms(nodes[-1], 0):.4g} ms for {nodes[-1]} tokens without history, "
             f"fixed cost {self.fixed_ms:.4g} ms, scatter {100 * self.scatter:.1f}%"
             + "".join(f", a step after {nodes[i]} tokens" for i in self.steps)
+            + (f", {len(self.odd_points)} odd point(s) kept" if self.odd_points else "")
         )
 
     def to_dict(self) -> dict:
-        return {
-            "chunk_tokens": list(self.chunk_tokens),
-            "history_tokens": list(self.history_tokens),
-            "step_ms": [list(row) for row in self.step_ms],
-            "fixed_ms": self.fixed_ms,
-            "scatter": self.scatter,
-            "num_points": self.num_points,
-            "steps": list(self.steps),
-        }
+        keys = ("chunk_tokens", "history_tokens", "step_ms", "fixed_ms", "scatter", "num_points", "steps")
+        data = {key: list(v) if isinstance(v := getattr(self, key), tuple) else v for key in keys}
+        odd = [list(point) for point in self.odd_points]
+        return {**data, "step_ms": [list(row) for row in self.step_ms], "odd_points": odd}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> LatencyModel:
@@ -370,6 +394,7 @@ class LatencyModel:
                 scatter=float(data.get("scatter", 0.0)),
                 num_points=int(data.get("num_points", 0)),
                 steps=tuple(int(i) for i in data.get("steps", ())),
+                odd_points=tuple((int(c), int(h)) for c, h in data.get("odd_points", ())),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise FitError(f"not a latency model: {error}") from None

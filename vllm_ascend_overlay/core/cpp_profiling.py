@@ -12,9 +12,11 @@ or, when the data cannot give one, the fixed chunk to run instead:
    then a grid of chunk sizes by history lengths (``profile_plan``), in rounds: each
    round ``profile_repeats`` passes over every point, so a host whose speed drifts
    spreads the drift over every point instead of a few measured during a slow spell.
-   If the judgement says the profile is too noisy to decide well (or its times fall
-   beyond the scatter), one more round is measured and the judgement repeated on all
-   of them: a noisy host pays a longer start-up, a quiet one nothing. A few INFO lines
+   If the judgement says the profile is too noisy to decide well, one more round is
+   measured and the judgement repeated on all of them: a noisy host pays a longer
+   start-up, a quiet one nothing. Where a time falls beyond the noise as the chunk or the
+   history grows and its runs disagree, only those points are measured again
+   (``Verdict.remeasure``, core/cpp_falls.py), and a fall that repeats is kept. A few INFO lines
    tell how far it got and what is left (``Progress``); the verdict, how long it took.
 3. Each sample is the slowest worker's time (a run where any worker's answer is not a
    measurement is dropped: ``measure_with_executor``). Under pipeline parallelism every
@@ -32,10 +34,11 @@ history the scheduler will see), so the efficient chunk and the chunk for a time
 read from measurements, at small chunks too; and a tile probe, pairs of sizes S and
 S + 1 without history at the first boundary of each candidate tile (64 to 512 tokens),
 ``PROBE_REPEATS`` times each a pass, which tells whether time steps at tile boundaries
-(core/cpp_acceptance.py). For the default base chunk of 8192: 17 sizes x 5 lengths + 20
-probe runs (each S is on the ladder), 2 passes: 210 runs after 2 warm-up runs. Where the
-grid shows time jumping between two sizes (a step), up to ``LOCATE_RUNS`` more runs
-bisect the segment to place the jump (``locate_runs``).
+(core/cpp_acceptance.py; the plan is core/cpp_profile_plan.py). For the default base
+chunk of 8192: 17 sizes x 5 lengths + 20 probe runs (each S is on the ladder), 2 passes:
+210 runs after 2 warm-up runs. After the rounds, up to ``LOCATE_RUNS`` more runs in all
+measure falls again and, where the grid shows time jumping between two sizes (a step),
+bisect the segment to place the jump (``locate_runs``): at most 218.
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.
@@ -56,9 +59,17 @@ from dataclasses import dataclass, replace
 from time import monotonic
 from typing import Any
 
-from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, TILE_CANDIDATES, Verdict, flat_side, judge, untried_tile
+from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, Verdict, flat_side, judge, untried_tile
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_profile_plan import (  # noqa: F401 - the plan's names, as before
+    PROBE_REPEATS,
+    SMALLEST_LADDER_CHUNK,
+    chunk_ladder,
+    history_levels,
+    profile_plan,
+    tile_probe,
+)
 from vllm_ascend.core.cpp_profile_store import ProfileCacheError, cache_file, check_cached, load_profile, save_profile
 from vllm_ascend.core.cpp_samples import SampleError, admitted, check_latency
 from vllm_ascend.log_adapter import get_logger
@@ -69,80 +80,14 @@ PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
 PROFILE_RPC_TIMEOUT_S = 300.0
 EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy to decide well
-SMALLEST_LADDER_CHUNK = 32
-PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
-LOCATE_RUNS = 8  # runs at most to place steps' jumps (the default profile stays within 218 runs)
+# Runs at most after the rounds, to measure falls again and to place steps' jumps (the default profile
+# stays within 218 runs)
+LOCATE_RUNS = 8
 LOCATE_UNSURE = 2.0  # a size within this many scatters of a jump's middle is measured once more
 PROGRESS_SHARE = 0.1  # a progress line at most every tenth of the planned runs ...
 PROGRESS_EVERY_S = 10.0  # ... and at most one every 10 s: a profile of a few seconds logs none
 
 MeasureFn = Callable[[int, int], float]
-
-
-def chunk_ladder(base_chunk_tokens: int, points: int) -> list[int]:
-    """Profiled chunk sizes: 1, then 32, 64, 96, 128, 192, ... (powers of two and 1.5x them), then the base.
-
-    At most ``points`` sizes: the 1.5x sizes are left out from the smallest up when
-    there are more.
-    """
-    base = max(1, int(base_chunk_tokens))
-    powers, middles = [], []
-    size = SMALLEST_LADDER_CHUNK
-    while size < base:
-        powers.append(size)
-        if size >= 64 and size * 3 // 2 < base:
-            middles.append(size * 3 // 2)
-        size *= 2
-    fixed = sorted({1, *powers, base})
-    if len(fixed) < 3:  # a tiny token budget: its quarters, so the model still has a shape
-        fixed = sorted({1, max(1, base // 4), max(1, base // 2), base})
-    spare = max(0, points - len(fixed))
-    kept = middles[len(middles) - spare :] if spare < len(middles) else middles
-    ladder = sorted({*fixed, *kept})
-    while len(ladder) > max(points, 3):  # a tiny budget: keep 1, the base and evenly spread powers
-        ladder.pop(len(ladder) // 2)
-    return ladder
-
-
-def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[int]:
-    """0 and ``count`` history lengths evenly up to ``max_history_tokens`` (rounded down to ``align``)."""
-    levels = [0]
-    for index in range(1, count + 1):
-        history = int(max_history_tokens * index / count) // align * align
-        if history > levels[-1]:
-            levels.append(history)
-    return levels
-
-
-def tile_probe(base_chunk_tokens: int) -> list[tuple[int, int]]:
-    """Pairs (S, S + 1) without history at each candidate tile's first boundary, S = the tile
-    (core/cpp_acceptance.py): one token past the smallest chunk a tile holds costs a whole
-    tile more, the largest step relative to the chunk's time there is on that device."""
-    return [run for tile in TILE_CANDIDATES if tile + 1 <= base_chunk_tokens for run in ((tile, 0), (tile + 1, 0))]
-
-
-def profile_plan(
-    *,
-    base_chunk_tokens: int,
-    points: int,
-    repeats: int,
-    history_points: int,
-    max_history_tokens: int,
-    align: int = 1,
-) -> list[tuple[int, int]]:
-    """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
-    and the tile probe, each probe point ``PROBE_REPEATS`` times a pass (its S counting the grid's run)."""
-    grid = [
-        (chunk, history)
-        for history in history_levels(max_history_tokens, history_points, align)
-        for chunk in chunk_ladder(base_chunk_tokens, points)
-    ]
-    probe = []
-    for run in tile_probe(base_chunk_tokens) * PROBE_REPEATS:  # S and S + 1 alternate: drift falls on both
-        if run in grid and probe.count(run) + 1 >= PROBE_REPEATS:
-            continue
-        probe.append(run)
-    return (grid + probe) * repeats
 
 
 def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TIMEOUT_S) -> MeasureFn:
@@ -179,7 +124,7 @@ def measure_with_executor(model_executor: Any, timeout_s: float = PROFILE_RPC_TI
     return measure
 
 
-def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
+def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int, budget: int = LOCATE_RUNS) -> list:
     """Runs that place each step's jump (``model.steps``, lowest first): a bisection of its segment.
 
     A step right after a size smaller than the tile probe tries (96 tokens) may be that
@@ -190,8 +135,8 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     cores every 2560 tokens falls between 2048 and 3072): each run without history at the
     middle of what is left tells on which side of it the jump is (``flat_side``, the rule
     ``locate_steps`` applies to the samples), measured again, up to ``repeats`` times, when
-    it is within ``LOCATE_UNSURE`` scatters of the jump's middle. At most ``LOCATE_RUNS``
-    runs in all, to within ``LOCATE_TOKENS`` tokens; a jump left unplaced stays after the
+    it is within ``LOCATE_UNSURE`` scatters of the jump's middle. At most ``budget`` runs
+    in all, to within ``LOCATE_TOKENS`` tokens; a jump left unplaced stays after the
     lower size (the conservative reading). A wave placed inside its segment recurs at its
     multiples (the same tiles over the same cores); where one falls between profiled sizes,
     a run at it and one ``LOCATE_TOKENS`` past it tell whether time jumps there, which the
@@ -203,18 +148,18 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
     period = 0
     for i in model.steps:  # a step right after a size smaller than the probe tries may be its tile
         tile = nodes[i]
-        if untried_tile(tile) and 2 * tile in nodes and len(samples) + 2 * PROBE_REPEATS <= LOCATE_RUNS:
+        if untried_tile(tile) and 2 * tile in nodes and len(samples) + 2 * PROBE_REPEATS <= budget:
             samples += [(c, 0, measure(c, 0)) for c in (tile + 1, 2 * tile + 1) * PROBE_REPEATS]
     for i in model.steps:
         flat, past = nodes[i], nodes[i + 1]
         middle_ms = math.sqrt(row[i] * row[i + 1])
-        while past - flat > LOCATE_TOKENS and len(samples) < LOCATE_RUNS:
+        while past - flat > LOCATE_TOKENS and len(samples) < budget:
             size = flat + (past - flat) // 2 // LOCATE_TOKENS * LOCATE_TOKENS
             if size <= flat:
                 break
             times = [measure(size, 0)]
             while abs(math.log(statistics.median(times) / middle_ms)) < unsure and len(times) < repeats:
-                if len(samples) + len(times) >= LOCATE_RUNS:
+                if len(samples) + len(times) >= budget:
                     break
                 times.append(measure(size, 0))
             samples += [(size, 0, ms) for ms in times]
@@ -225,7 +170,7 @@ def locate_runs(measure: MeasureFn, model: LatencyModel, repeats: int) -> list:
         period = period or (flat if flat > nodes[i] else 0)
     bisected = [(nodes[i], nodes[i + 1]) for i in model.steps]
     for size in range(2 * period, nodes[-1] - LOCATE_TOKENS, period) if period else range(0):
-        if len(samples) + 2 > LOCATE_RUNS:
+        if len(samples) + 2 > budget:
             break
         if not {size, size + LOCATE_TOKENS} & set(nodes) and not any(a < size < b for a, b in bisected):
             samples += [(c, 0, measure(c, 0)) for c in (size, size + LOCATE_TOKENS)]
@@ -333,19 +278,27 @@ def initialise_profile(
     progress = Progress(len(plan))
     logger.info(
         "[CPP] start-up profile: %d runs over %d points after %d warm-up runs (%d more if too noisy to decide, "
-        "up to %d to place steps)", len(plan), len(set(plan)), WARMUP_RUNS, len(plan) * EXTRA_ROUNDS, LOCATE_RUNS,
+        "up to %d to measure falls again and place steps)", len(plan), len(set(plan)), WARMUP_RUNS,
+        len(plan) * EXTRA_ROUNDS, LOCATE_RUNS,
     )  # fmt: skip
     counted = progress.counted(measure)
+    budget = LOCATE_RUNS
     for attempt in range(1 + EXTRA_ROUNDS):
+        last_round = attempt == EXTRA_ROUNDS
         try:
             for _ in range(WARMUP_RUNS if attempt == 0 else 0):
                 measure(base_chunk_tokens, 0)
             samples += [(chunk, history, counted(chunk, history)) for chunk, history in plan]
+            verdict = judge(
+                samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=last_round,
+                remeasure_budget=budget,
+            )  # fmt: skip
+            if not verdict.noisy and verdict.model is not None and verdict.remeasure:
+                verdict = _remeasured(verdict, samples, measure, limits, num_stages, max_history_tokens, last_round)
+                budget -= len(verdict.remeasure)
         except Exception as error:  # a worker failed or timed out: degrade, never take the server down
             failed = f"{type(error).__name__}: {error}; {progress.done} runs in {progress.elapsed()}"
             return _no_model(f"start-up profiling failed ({failed})")
-        last_round = attempt == EXTRA_ROUNDS
-        verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=last_round)
         if not verdict.noisy:
             break
         progress.plan(len(plan))
@@ -353,14 +306,13 @@ def initialise_profile(
             "[CPP] start-up profile: a second round, the same %d runs once more (%d of %d done in %s), because %s",
             len(plan), progress.done, progress.planned, progress.elapsed(), verdict.reason,
         )  # fmt: skip
-    if verdict.model is not None and verdict.model.steps:
-        try:
-            located = locate_runs(measure, verdict.model, config.profile_repeats)
-        except Exception as error:  # as above
-            return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
-        if located:
-            samples += located
-            verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
+    try:
+        located = locate_runs(measure, verdict.model, config.profile_repeats, budget) if verdict.model else []
+    except Exception as error:  # as above
+        return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
+    if located:
+        samples += located
+        verdict = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
     took = f"{len(samples)} runs after {WARMUP_RUNS} warm-up in {progress.elapsed()}"
     source = f"profiled ({took})"
     if verdict.model is None:  # (its line names the reason only)
@@ -373,6 +325,26 @@ def initialise_profile(
         except (OSError, ValueError) as error:
             logger.warning("[CPP] could not save the profile to %s: %s", path, error)
     return StartUp(verdict, samples, source)
+
+
+def _remeasured(
+    verdict: Verdict, samples: list, measure: MeasureFn, limits: ChunkLimits, num_stages: int, max_history: int,
+    last_round: bool,
+) -> Verdict:  # fmt: skip
+    """The verdict once the points of the falls it doubts are measured again (added to ``samples``), with
+    those runs as its ``remeasure``. A fall that then does not repeat was noise on this host: before the
+    last round, the profile is too noisy to decide on (the runs around it may be off too, unseen)."""
+    asked = verdict.remeasure
+    logger.info(
+        "[CPP] start-up profile: %d point(s) where time fell as the chunk or history grew, measured again",
+        len(set(asked)),
+    )
+    samples += [(chunk, history, measure(chunk, history)) for chunk, history in asked]
+    again = judge(samples, limits, num_stages, max_history_tokens=max_history, last_round=last_round)
+    noise = again.model is not None and not set(asked) <= set(again.model.odd_points)
+    if noise and not last_round and not again.noisy:
+        again = replace(again, noisy=True, reason=f"a fall beyond the noise did not repeat ({again.reason})")
+    return replace(again, remeasure=asked)
 
 
 def wrap_engine_core_init(engine_core_cls: type) -> bool:

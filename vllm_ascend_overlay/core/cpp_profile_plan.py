@@ -1,0 +1,88 @@
+"""The runs of CPP's start-up profile (core/cpp_profiling.py measures them): a grid and a tile probe.
+
+The grid, where the decisions are made: chunk sizes of the 1-1.5-2 ladder (1, 32, 64,
+96, 128, 192, 256, ... up to the base chunk, ``max_num_batched_tokens``), so a device's
+bends, knees and tile steps between 32 tokens and the base chunk are measured at sizes
+that sit on tile boundaries, and C = 1 measures what a decode costs; every size at
+every history length (0 and ``history_points`` lengths evenly up to the deepest history
+the scheduler will see). The tile probe: pairs of sizes S and S + 1 without history at
+the first boundary of each candidate tile (64 to 512 tokens), ``PROBE_REPEATS`` times
+each a pass (core/cpp_acceptance.py tells whether time steps there).
+
+Pure Python: no vLLM.
+"""
+
+from __future__ import annotations
+
+from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES
+
+__all__ = ["PROBE_REPEATS", "SMALLEST_LADDER_CHUNK", "chunk_ladder", "history_levels", "profile_plan", "tile_probe"]
+
+SMALLEST_LADDER_CHUNK = 32
+PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
+
+
+def chunk_ladder(base_chunk_tokens: int, points: int) -> list[int]:
+    """Profiled chunk sizes: 1, then 32, 64, 96, 128, 192, ... (powers of two and 1.5x them), then the base.
+
+    At most ``points`` sizes: the 1.5x sizes are left out from the smallest up when
+    there are more.
+    """
+    base = max(1, int(base_chunk_tokens))
+    powers, middles = [], []
+    size = SMALLEST_LADDER_CHUNK
+    while size < base:
+        powers.append(size)
+        if size >= 64 and size * 3 // 2 < base:
+            middles.append(size * 3 // 2)
+        size *= 2
+    fixed = sorted({1, *powers, base})
+    if len(fixed) < 3:  # a tiny token budget: its quarters, so the model still has a shape
+        fixed = sorted({1, max(1, base // 4), max(1, base // 2), base})
+    spare = max(0, points - len(fixed))
+    kept = middles[len(middles) - spare :] if spare < len(middles) else middles
+    ladder = sorted({*fixed, *kept})
+    while len(ladder) > max(points, 3):  # a tiny budget: keep 1, the base and evenly spread powers
+        ladder.pop(len(ladder) // 2)
+    return ladder
+
+
+def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[int]:
+    """0 and ``count`` history lengths evenly up to ``max_history_tokens`` (rounded down to ``align``)."""
+    levels = [0]
+    for index in range(1, count + 1):
+        history = int(max_history_tokens * index / count) // align * align
+        if history > levels[-1]:
+            levels.append(history)
+    return levels
+
+
+def tile_probe(base_chunk_tokens: int) -> list[tuple[int, int]]:
+    """Pairs (S, S + 1) without history at each candidate tile's first boundary, S = the tile
+    (core/cpp_acceptance.py): one token past the smallest chunk a tile holds costs a whole
+    tile more, the largest step relative to the chunk's time there is on that device."""
+    return [run for tile in TILE_CANDIDATES if tile + 1 <= base_chunk_tokens for run in ((tile, 0), (tile + 1, 0))]
+
+
+def profile_plan(
+    *,
+    base_chunk_tokens: int,
+    points: int,
+    repeats: int,
+    history_points: int,
+    max_history_tokens: int,
+    align: int = 1,
+) -> list[tuple[int, int]]:
+    """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
+    and the tile probe, each probe point ``PROBE_REPEATS`` times a pass (its S counting the grid's run)."""
+    grid = [
+        (chunk, history)
+        for history in history_levels(max_history_tokens, history_points, align)
+        for chunk in chunk_ladder(base_chunk_tokens, points)
+    ]
+    probe = []
+    for run in tile_probe(base_chunk_tokens) * PROBE_REPEATS:  # S and S + 1 alternate: drift falls on both
+        if run in grid and probe.count(run) + 1 >= PROBE_REPEATS:
+            continue
+        probe.append(run)
+    return (grid + probe) * repeats

@@ -1,20 +1,22 @@
 """Falls in a profile: measured again; one that repeats is a fact the model keeps and the rule uses, one that does
-not is noise; the profile stays within its runs."""
+not is noise; the profile stays within its runs; and no plan for one prompt is adopted behind a fixed chunk."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
-from cpp_samples import TRUE, start_up_samples, timed
-from hypothesis import assume, given, settings
+from cpp_samples import BENT, CPU_LIKE, TRUE, Tiles, start_up_samples, timed
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from vllm_ascend.core import cpp_profiling
 from vllm_ascend.core.cpp_acceptance import judge
-from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
+from vllm_ascend.core.cpp_chunk_check import exact_cost, fixed_sweep, prefill_chunk_ms
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, EfficientChunks, Plan
 from vllm_ascend.core.cpp_config import CppConfig
 from vllm_ascend.core.cpp_falls import CONFIRM_SAMPLES, find_falls, runs_by_point
+from vllm_ascend.core.cpp_planner import plan_target, target_bounds
 from vllm_ascend.core.cpp_profile_plan import chunk_ladder, history_levels
 from vllm_ascend.core.cpp_samples import group_points
 
@@ -152,3 +154,53 @@ def test_a_hiccup_is_measured_again_and_when_it_does_not_repeat_the_host_is_nois
     assert sorted(again) == [(1536, LEVELS[2]), (2048, LEVELS[2])]  # the fall's two points, first
     assert len(runs) - cpp_profiling.WARMUP_RUNS == 2 * planned + 2
     assert model.time_ms(2048, LEVELS[2]) == pytest.approx(TRUE.time_ms(2048, LEVELS[2]), rel=1e-6)
+
+
+# ---------------------------------------------------------------- never behind the simple alternative
+def constant(rule, chunk, high):
+    return Plan(high, rule.model.fixed_ms, EfficientChunks((0.0,), (float(chunk),)), chunk)
+
+
+TRUTHS = {
+    "smooth": TRUE,
+    "bent": BENT,
+    "attention": CPU_LIKE,
+    "tiles": Tiles(128, fixed_ms=2.0, token_ms=0.02),
+    "odd": Odd(TRUE, ((128, LEVELS[2], 0.4), (384, LEVELS[3], 0.5), (768, LEVELS[1], 1.5))),
+}
+
+
+@settings(max_examples=20, deadline=None)
+@example("tiles", 8192, 4, 4096, 1)  # (the plan before this check: 1.6% behind 512-token chunks)
+@example("smooth", 2048, 2, 32_768, 1)  # (0.7% behind 2048-token chunks)
+@given(
+    st.sampled_from(sorted(TRUTHS)),
+    st.sampled_from([2048, 8192]),
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([4096, 32_768, 70_000]),
+    st.integers(0, 2**16),
+)
+def test_the_planned_ttft_is_never_above_the_best_fixed_chunk_s_under_the_same_model(name, base, stages, prompt, seed):
+    limits = ChunkLimits(base_chunk_tokens=base, max_model_len=MAX_HISTORY + 8192)
+    samples = start_up_samples(TRUTHS[name], base_chunk_tokens=base, noise=0.01, seed=seed)
+    verdict = judge(samples, limits, stages, max_history_tokens=MAX_HISTORY, last_round=True)
+    rule = ChunkRule(verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), stages)
+    held = [(0, prompt)]
+    plan = plan_target(rule, held)
+    _, high = target_bounds(rule, held, rule.model.fixed_ms)
+    limit = prompt // rule.limits.floor_tokens + 2
+    planned_ms = exact_cost(rule, held, plan, 0.0, limit)[0]
+    for chunk in fixed_sweep(rule):
+        fixed_ms = exact_cost(rule, held, constant(rule, chunk, high), 0.0, limit)[0]  # the step budget's own chunks
+        assert planned_ms <= fixed_ms * (1 + 1e-9), (chunk, planned_ms, fixed_ms)
+
+
+def test_a_constant_chunk_is_granted_as_the_check_counts_it():
+    verdict = judge(start_up_samples(TRUE), LIMITS, 4, max_history_tokens=MAX_HISTORY, last_round=True)
+    rule = ChunkRule(verdict.model, LIMITS, 4)
+    _, high = target_bounds(rule, [(0, 50_000)], rule.model.fixed_ms)
+    for chunk in fixed_sweep(rule):
+        granted = prefill_chunk_ms(rule, constant(rule, chunk, high), 0, 50_000, 10_000)
+        starts = np.arange(0, 50_000, chunk, dtype=np.float64)
+        counted = rule.model.time_ms_many(np.minimum(float(chunk), 50_000 - starts), starts)
+        assert granted == pytest.approx(counted.tolist(), rel=1e-12)

@@ -17,6 +17,17 @@ engine runs them:
   compared. On any device, the plan and a constant chunk of the largest size it runs:
   chunks that shrink with the history may add a last, short one that costs nearly a
   full batch, which the planner's continuous chunk count does not see.
+- ``checked_plan``: the safety net, last. Where the cost per token dips at some size (a
+  sweet spot: a better kernel or tiling), a chunk the target would make larger is cheaper
+  cut down to it, but the batch is then shorter than the one before it, which the
+  pipeline cannot start earlier (at most P in flight); a prompt may also do best with
+  one size where a dip is and another elsewhere (core/cpp_regions.py). The plan, the
+  same target with the sweet spots, the plan of a size per stretch of history and the
+  fixed chunks of a sweep (64 tokens and up in 1-1.5-2 steps, as a user would tune one)
+  are run chunk by chunk under the same model and the same pipeline loop, and the best
+  one is adopted: never behind the simple alternative, so what the other checks do not
+  see (a model that bends between its sizes, a sweet spot a constant chunk sits on)
+  costs at most the gap to it.
 
 Pure Python and numpy: no vLLM.
 """
@@ -28,12 +39,15 @@ from collections.abc import Sequence
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan
+from vllm_ascend.core.cpp_regions import region_plan
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 __all__ = [
     "EXACT_MAX_CHUNKS",
+    "checked_plan",
     "constant_chunk_if_better",
     "exact_cost",
+    "fixed_sweep",
     "pipeline_done_ms",
     "prefill_chunk_ms",
     "prefill_steps",
@@ -49,10 +63,23 @@ _CONSTANT_SIZES = 6  # ... of at most so many sizes (and the best one's neighbou
 def pipeline_done_ms(batch_ms: Sequence[float], num_stages: int) -> list[float]:
     """When each batch leaves the last of P stages: each spends its time on every stage, a stage
     takes the batches in order, and at most P batches are in flight (a batch enters the first stage
-    only once the batch P places ahead has left the last), as vLLM's engine runs them."""
+    only once the batch P places ahead has left the last), as vLLM's engine runs them.
+
+    While batch times do not fall, no batch ever waits: the first stage works without a gap (the
+    batch P places ahead took no longer than the P batches since, so it has left), and batch i
+    leaves stage s at E_i + (s + 1) t_i, E_i the sum of the times before it. That prefix is read
+    in closed form (a constant chunk's batches only grow); the rest runs stage by stage.
+    """
+    times = np.asarray(batch_ms, dtype=np.float64)
+    falls = np.flatnonzero(np.diff(times) < 0)
+    rising = int(falls[0]) + 1 if len(falls) else len(times)  # batches [0, rising) never wait
+    entered = np.cumsum(times[:rising]) - times[:rising]
+    done_ms = (entered + num_stages * times[:rising]).tolist()
     free_ms = [0.0] * num_stages
-    done_ms: list[float] = []
-    for index, time_ms in enumerate(batch_ms):
+    if rising:
+        free_ms = [float(entered[-1] + (stage + 1) * times[rising - 1]) for stage in range(num_stages)]
+    for index in range(rising, len(times)):
+        time_ms = float(times[index])
         ready_ms = done_ms[index - num_stages] if index >= num_stages else 0.0
         for stage in range(num_stages):
             ready_ms = max(ready_ms, free_ms[stage]) + time_ms
@@ -183,3 +210,69 @@ def constant_chunk_if_better(
     if cost_of(best) >= exact_cost(rule, held, plan, inflight_ms, _CONSTANT_MAX_CHUNKS)[0]:
         return plan
     return constant(best)
+
+
+def _limit(rule: ChunkRule, held: Sequence[tuple[int, int]]) -> int:
+    """Chunks the held prefills can take at most: every one of them the floor."""
+    return sum(-(-remaining // rule.limits.floor_tokens) for _, remaining in held) + 1
+
+
+def _grantable(rule: ChunkRule, sizes) -> list[int]:
+    """The sizes the step budget grants as they are: from the floor to the cap, whole tiles with a granule."""
+    limits = rule.limits
+    granule = limits.granule_tokens
+    return sorted(
+        {int(c) for c in sizes if limits.floor_tokens <= c <= limits.cap_tokens and (granule <= 1 or c % granule == 0)}
+    )
+
+
+def fixed_sweep(rule: ChunkRule) -> list[int]:
+    """The fixed chunks a user sweeps: 64 tokens and up in 1-1.5-2 steps, and the cap itself (those the
+    step budget grants as they are)."""
+    cap = rule.limits.cap_tokens
+    return _grantable(rule, {cap} | {size << k for size in (64, 96) for k in range(24) if size << k < cap})
+
+
+def _constant_times(rule: ChunkRule, prefill: tuple[int, int], chunk: int, extra_ms: float) -> list[float]:
+    """A prefill in constant chunks of ``chunk`` tokens and its tail (what the step budget grants under a plan
+    of that chunk and as many tokens a batch): their batch times."""
+    history, remaining = prefill
+    starts = np.arange(history, history + remaining, chunk, dtype=np.float64)
+    sizes = np.minimum(float(chunk), history + remaining - starts)
+    return (rule.model.time_ms_many(sizes, starts) + extra_ms).tolist()
+
+
+def checked_plan(rule: ChunkRule, held: Sequence[tuple[int, int]], plan: Plan, high: float, inflight_ms: float) -> Plan:
+    """The safety net, last: of the plan, the same target taking the sweet spots below its chunks
+    (``EfficientChunks.instead``), a constant chunk per stretch of one prompt's history
+    (core/cpp_regions.py), and constant chunks of the fixed sweep (``fixed_sweep``), the one with
+    the least TTFT chunk by chunk through P stages with at most P in flight, under the same model:
+    the plan is never adopted behind the simple alternative. A constant chunk's plan has the target
+    ``high`` (every chunk of the size fits) and no sweet spot below it."""
+    limit = _limit(rule, held)
+    candidates = [plan]
+    if plan.batch_tokens == math.inf and plan.efficient.instead is None:
+        sweet = rule.efficient_chunks(sweet=True)
+        if sweet.instead is not None:  # (a chunk cut to a sweet spot makes a shorter batch than the one before)
+            candidates.append(Plan(plan.target_ms, plan.fixed_ms, sweet))
+    one = len(held) == 1  # (several prompts share batches: a constant chunk is no fixed chunk's schedule)
+    if one:
+        sizes = _grantable(rule, {*rule.model.chunk_tokens, *fixed_sweep(rule)})
+        regions = region_plan(rule, sizes, *held[0], Plan(high, plan.fixed_ms, plan.efficient))
+        candidates += [regions] if regions is not None else []
+    costs = [exact_cost(rule, held, candidate, inflight_ms, limit)[0] for candidate in candidates]
+    best_ms = min(costs)
+    best_plan = candidates[costs.index(best_ms)]
+    extra_ms = plan.fixed_ms - rule.model.fixed_ms
+    best = None
+    for chunk in fixed_sweep(rule) if one else ():
+        times = _constant_times(rule, held[0], chunk, extra_ms)
+        if max(times, default=0.0) > high:  # (not every chunk fits the target: the step budget would cut it)
+            continue
+        prefix = [inflight_ms] if inflight_ms > 0 else []
+        cost_ms = pipeline_done_ms(prefix + times, rule.num_stages)[-1]
+        if cost_ms < best_ms:
+            best, best_ms = chunk, cost_ms
+    if best is None:
+        return best_plan
+    return Plan(high, plan.fixed_ms, EfficientChunks((0.0,), (float(best),)), best)  # (every chunk of the size)

@@ -36,7 +36,10 @@ token of the prefills the scheduler holds, given P stages:
    prompt's chunks as a continuous quantity, so it cannot see that shrinking chunks may
    add a last one, which pays a whole batch's cost for a few tokens (one wave, where a
    wave is wider than the cap). The size is one the plan itself runs, never a larger one
-   the model may know only from its continuation.
+   the model may know only from its continuation. Last, the safety net (``checked_plan``):
+   the plan, the same target taking the sweet spots below its chunks, one prompt's plan of
+   a size per stretch of history (core/cpp_regions.py) and the fixed chunks a user would
+   sweep are weighed the same way, and the best runs: never behind the simple alternative.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
@@ -71,7 +74,12 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_check import EXACT_MAX_CHUNKS, constant_chunk_if_better, refine_for_few_chunks
+from vllm_ascend.core.cpp_chunk_check import (
+    EXACT_MAX_CHUNKS,
+    checked_plan,
+    constant_chunk_if_better,
+    refine_for_few_chunks,
+)
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan
 from vllm_ascend.core.cpp_traffic import (
     NO_LOAD,
@@ -180,7 +188,8 @@ def plan_target(
         lowers = [c for c in model.step_lowers() if c <= rule.limits.cap_tokens]
         tiles = rule.limits.granule_tokens > 1 or bool(lowers)
         plan = Plan(target, fixed_ms, efficient)
-        return constant_chunk_if_better(rule, held, plan, high, inflight_ms, lowers, spread=tiles)
+        plan = constant_chunk_if_better(rule, held, plan, high, inflight_ms, lowers, spread=tiles)
+        return checked_plan(rule, held, plan, high, inflight_ms)  # never behind the simple alternative
     if paced:  # within the user's bound, the least mean TTFT
         return Plan(float(candidates[best]), fixed_ms, efficient, batch_tokens)
     # Decodes ride in these batches and wait for each one: the target of the least predicted mean

@@ -512,11 +512,13 @@ def test_a_flat_profile_is_a_valid_one_whose_chunks_are_the_largest(tmp_path):
 
 
 def test_a_broken_profile_runs_the_best_fixed_chunk_it_supports_through_the_hooks(tmp_path):
-    """Times that fall with chunk size beyond the scatter: one warning, the best fixed chunk, nothing cached."""
+    """Data no grid can be made of (every run with history but a decode's gave no measurement): one warning,
+    the best fixed chunk on what was measured, nothing cached."""
 
     class Broken(Surface):
         def ms(self, chunk_tokens, history_tokens):
-            return super().ms(chunk_tokens, history_tokens) * (0.3 if chunk_tokens == 384 else 1.0)
+            broken = history_tokens > 0 and chunk_tokens > 1
+            return super().ms(chunk_tokens, history_tokens) * (float("nan") if broken else 1.0)
 
     module = sys.modules[ProfilingChunkScheduler.__module__]
     with mock.patch.object(module, "logger") as log:
@@ -526,10 +528,24 @@ def test_a_broken_profile_runs_the_best_fixed_chunk_it_supports_through_the_hook
     assert fixed is not None and fixed < BASE_CHUNK  # eight stages: the token budget would be the worst chunk
     ((message, *values),) = [call.args for call in log.warning.call_args_list]
     line = message % tuple(values)
-    assert "fall" in line and f"fixed chunks of {fixed} tokens" in line
+    assert "no usable profile" in line and f"fixed chunks of {fixed} tokens" in line
     assert not list((tmp_path / "cache").glob("*.json"))
     outputs = helpers.run_to_completion(scheduler, [(0, request("r", 2000, 1))])
     assert prefill_chunks(outputs, "r")[:3] == [fixed] * 3
+
+
+def test_a_size_faster_than_a_smaller_one_in_every_run_is_kept_and_cached(tmp_path):
+    """384-token chunks that take 0.3x in every run: the device's, not broken data. The scheduler runs a model
+    that keeps them, and caches it."""
+
+    class Fast384(Surface):
+        def ms(self, chunk_tokens, history_tokens):
+            return super().ms(chunk_tokens, history_tokens) * (0.3 if chunk_tokens == 384 else 1.0)
+
+    scheduler = cpp_scheduler(tmp_path, FakeExecutor(stages=(Fast384(),)), pipeline_parallel_size=8)
+    model = scheduler.cpp_rule.model
+    assert {c for c, _ in model.odd_points} >= {384} and model.time_ms(384, 0) < model.time_ms(256, 0)
+    assert list((tmp_path / "cache").glob("*.json"))
 
 
 def test_a_concave_profile_gives_positive_times_and_chunks_that_never_grow(tmp_path):

@@ -6,7 +6,8 @@ import math
 
 import numpy as np
 import pytest
-from cpp_samples import NPU_LIKE, TRUE, measured_model
+from cpp_samples import NPU_LIKE, TRUE, measured_model, start_up_samples
+from vllm_ascend.core.cpp_acceptance import judge
 from vllm_ascend.core.cpp_calibration import MIN_WINDOW, OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 
@@ -69,6 +70,19 @@ def test_a_series_of_small_batches_moves_only_the_points_around_them():
     assert corrected.chunk_for_time(30_000, rule.plan(200.0).target_ms) == pytest.approx(
         PROFILED.chunk_for_time(30_000, 200.0), rel=1e-6
     )
+
+
+def test_a_correction_keeps_the_odd_points_a_profile_kept():
+    """A size faster than a smaller one in every run of the profile is the device's: a device slower on real
+    data than on the profile moves it with the rest, and does not average it away."""
+    samples = [(c, h, t * (0.4 if c == 2048 else 1.0)) for c, h, t in start_up_samples(TRUE, noise=0.0)]
+    profiled = judge(samples, ChunkLimits(8192, 73_728), 4, max_history_tokens=65_536, last_round=True).model
+    assert (2048, 0) in profiled.odd_points
+    calib = OnlineCalibration(profiled, window_size=30, refit_every=8, max_shift=0.25)
+    for pairs, ms in mixed_steps(lambda pairs: 1.2 * profiled.batch_time_ms(pairs), 40):
+        calib.record(pairs, ms)
+    assert calib.refits_adopted >= 1 and calib.model.odd_points == profiled.odd_points
+    assert calib.model.time_ms(2048, 30_000) < calib.model.time_ms(1536, 30_000)
 
 
 def test_a_correction_is_adopted_only_if_it_halves_the_error_on_the_window(monkeypatch):

@@ -172,7 +172,9 @@ class OnlineCalibration:
                     weight[level, node] += w_level * w_node
         shift = np.clip(whole + evidence / (weight + PRIOR_WEIGHT), -bound, bound)
         grid = (np.array(model.step_ms) * np.exp(shift)).tolist()
-        rows = monotone_grid(grid, [[1.0] * len(nodes) for _ in levels])
+        # (the odd points a profile kept stay odd: a correction moves them, it does not average them away)
+        kept = [(model.history_tokens.index(h), model.chunk_tokens.index(c)) for c, h in model.odd_points]
+        rows = monotone_grid(grid, [[1.0] * len(nodes) for _ in levels], kept)
         fixed_ms = min(model.fixed_ms, rows[0][0])
         return LatencyModel(
             model.chunk_tokens,
@@ -182,6 +184,7 @@ class OnlineCalibration:
             scatter=model.scatter,
             num_points=model.num_points,
             steps=model.steps,
+            odd_points=model.odd_points,
         )
 
     def _spread(self) -> bool:

@@ -210,15 +210,21 @@ class StepBudget:
         step_s = self.plan.target_ms / 1000.0
         tokens_left = step_tokens - self.charged_tokens
 
-        def started_then_ratio(prefill: tuple[str, int, int, float, bool]) -> tuple[bool, float, int]:
-            # Waiting counted to the end of this step, as if it waited through it: among ones that
-            # have just come, the shortest loses the most by waiting, so it comes first.
-            _, _, remaining_tokens, waited_s, started = prefill
-            waited_s = max(0.0, waited_s) + step_s
-            return not started, remaining_tokens / (remaining_tokens + waited_s * tokens_per_s), remaining_tokens
-
-        for request_id, history_tokens, remaining_tokens, _, _ in sorted(prefills, key=started_then_ratio):
+        # Waiting counted to the end of this step, as if it waited through it: among ones that have
+        # just come, the shortest loses the most by waiting, so it comes first (ties: the order given).
+        order = sorted(
+            (not started, remaining / (remaining + (max(0.0, waited_s) + step_s) * tokens_per_s), remaining, index)
+            for index, (_, _, remaining, waited_s, started) in enumerate(prefills)
+        )
+        batch_tokens = self.plan.batch_tokens
+        for *_, index in order:
+            request_id, history_tokens, remaining_tokens, _, _ = prefills[index]
             allowed_tokens = int(max(0, min(remaining_tokens, request_tokens, tokens_left)))
+            if remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
+                allowed_tokens, batch_tokens - prefill_tokens
+            ):
+                self.allotted[request_id] = 0  # (``_sized``'s first answer, without the call)
+                continue
             chunk = self._sized(history_tokens, remaining_tokens, allowed_tokens, used_ms, prefill_tokens, first, alone)
             if chunk < remaining_tokens and self.unfinished_tokens < math.inf:
                 chunk = 0  # one prefill a step that the batch does not finish: the rest finish or wait

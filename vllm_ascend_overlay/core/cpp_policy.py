@@ -246,6 +246,11 @@ class CppPolicy:
         if len(self._in_flight) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
             del self._in_flight[0]
 
+    @property
+    def in_flight(self) -> int:
+        """Records of scheduled steps whose output has not come back."""
+        return len(self._in_flight)
+
     def batch_of(self, scheduler_output: Any) -> CppBatch | None:
         """The record of a scheduled step whose output has not come back yet."""
         return next((batch for output, batch in self._in_flight if output is scheduler_output), None)

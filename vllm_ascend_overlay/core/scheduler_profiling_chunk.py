@@ -91,6 +91,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self.cpp_running = RunningState(asynchronous=isinstance(self, AsyncScheduler))  # kept from step to step
         hooks = ("cap_running_tokens", "charge_scheduled_tokens")  # a step not sized answers with these
         self._cpp_identity_hooks = {name: getattr(ScheduleHooks, name).__get__(self) for name in hooks}
+        self._cpp_identity = False  # the identity hooks are in place (set on the first step not sized)
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
@@ -146,16 +147,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             target_tpot_ms=self.cpp_config.target_tpot_ms,
         )
         bound_ms = self.cpp_policy.rule.limits.decode_step_ms
-        pace = (
-            "" if bound_ms is None else f"; while requests decode, steps of at most {bound_ms:.2f} ms (target_tpot_ms)"
-        )
-        logger.info(
-            "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages%s",
-            self.cpp_source,
-            verdict.reason,
-            num_stages,
-            pace,
-        )
+        pace = f"; while requests decode, steps of at most {bound_ms:.2f} ms (target_tpot_ms)" if bound_ms else ""
+        log = "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages%s"
+        logger.info(log, self.cpp_source, verdict.reason, num_stages, pace)
 
     @property
     def uses_schedule_hooks(self) -> bool:
@@ -218,10 +212,14 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_sizing = bool(state.prefills or self.waiting or self.skipped_waiting)
         self._cpp_step_budget = budget if self._cpp_sizing else None
         if not self._cpp_sizing:  # the loop's per-request hooks are the identity ones for this step
-            self.__dict__.update(self._cpp_identity_hooks)
+            if not self._cpp_identity:
+                self.__dict__.update(self._cpp_identity_hooks)
+                self._cpp_identity = True
             return token_budget
-        for name in self._cpp_identity_hooks:
-            self.__dict__.pop(name, None)
+        if self._cpp_identity:
+            for name in self._cpp_identity_hooks:
+                self.__dict__.pop(name, None)
+            self._cpp_identity = False
         budget.start()
         self._cpp_prefix_hits.next_step()
         state.step_start(self, keep=self.cpp_keep_state, check=self.cpp_check_state)
@@ -336,23 +334,22 @@ class ProfilingChunkScheduler(BalanceScheduler):
     # ------------------------------------------------------------------ per step
     def schedule(self, *args: Any, **kwargs: Any):
         scheduler_output = super().schedule(*args, **kwargs)
-        try:
-            if self.cpp_policy is not None and not self._cpp_sizing:
-                self.cpp_running.untracked_step(scheduler_output)
-            timed = self._after_step(scheduler_output)
-        except Exception as error:
-            self._cpp_fault("the step's bookkeeping", error)
-            timed = False
+        timed = False
+        if self.cpp_policy is not None:
+            try:
+                if self._cpp_sizing:
+                    timed = self._after_step(scheduler_output)
+                else:  # decodes only: nothing of the step is tracked
+                    self.cpp_running.untracked_step(scheduler_output)
+            except Exception as error:
+                self._cpp_fault("the step's bookkeeping", error)
+                timed = False
         scheduler_output.cpp_time_step = timed  # the one flag the workers read
         return scheduler_output
 
     def _after_step(self, scheduler_output) -> bool:
         policy = self.cpp_policy
-        if policy is None:
-            return False
         budget, timed = policy.budget, False
-        if not self._cpp_sizing:
-            return False
         budget.settle(scheduler_output.num_scheduled_tokens)
         self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
         self.cpp_running.after_step(self, scheduler_output, budget)
@@ -388,6 +385,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         connector = getattr(model_runner_output, "kv_connector_output", None)
         self.cpp_running.stale |= bool(connector and connector.invalid_block_ids)  # (computed tokens go back)
         self.cpp_running.output_back(scheduler_output)
+        if not policy.in_flight:  # (a step not sized keeps no record)
+            return
         rule = policy.rule
         policy.finished(scheduler_output, getattr(model_runner_output, "execution_time_ms", None))
         if policy.rule is not rule:

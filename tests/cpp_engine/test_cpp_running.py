@@ -186,6 +186,36 @@ def test_a_step_with_no_change_of_requests_does_not_walk_the_running_ones(tmp_pa
     assert (CountedList.walks == 0) if keep else (CountedList.walks >= 4), CountedList.walks
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_prompt_after_steps_of_decodes_only_reads_the_running_ones_once(tmp_path, async_scheduling):
+    """Steps of decodes only are not tracked; the first sized step after them reads the running requests
+    once, and the decodes still in flight in those steps' outputs wait for them (checked every step)."""
+    scheduler = cpp_scheduler(tmp_path, async_scheduling=async_scheduling, pipeline_parallel_size=4)
+    scheduler.cpp_check_state = True
+    for index in range(12):
+        prompt = list(range(1 + 50 * index, 40 + 50 * index))
+        scheduler.add_request(helpers.make_request(f"d{index}", prompt, max_tokens=400))
+    flight = deque()
+
+    def step():
+        out = scheduler.schedule()
+        flight.append((out, helpers.model_output(scheduler, out)))
+        if len(flight) >= 4:
+            scheduler.update_from_output(*flight.popleft())
+        return out
+
+    for _ in range(12):  # the prompts, then decodes only
+        step()
+    assert not scheduler._cpp_sizing  # noqa: SLF001
+    state = scheduler.cpp_running
+    before = state.rebuilds
+    scheduler.add_request(helpers.make_request("long", list(range(5000, 9000)), max_tokens=2))
+    outs = [step() for _ in range(6)]
+    assert all(out.num_scheduled_tokens.get("long", 0) > 1 for out in outs)  # every one a sized step
+    assert state.mismatches == []
+    assert state.rebuilds == before + 1
+
+
 def test_ten_thousand_requests_leave_nothing_behind(tmp_path):
     """Memory kept across steps is per running request and goes with it."""
     scheduler = cpp_scheduler(tmp_path, pipeline_parallel_size=2)

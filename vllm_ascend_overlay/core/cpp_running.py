@@ -14,9 +14,10 @@ scheduler's own methods:
   schedule again (synchronous scheduling);
 - requests finished or aborted (vLLM's ``finished_req_ids``, read at the next step start) leave.
 
-Everything else rebuilds the state from vLLM's queues (``rebuild``, one walk): a step that
-was not sized (decodes only, nothing tracked: its output's return marks the state stale),
-a count that does not add up (a request left by a path not listed), speculative decoding
+Everything else rebuilds the state from vLLM's queues (``rebuild``, one walk): steps that
+were not sized (decodes only, nothing tracked but the outputs in flight: the next sized
+step rebuilds once, and the decodes each of those outputs carries wait for it), a count
+that does not add up (a request left by a path not listed), speculative decoding
 (a decode's history can go back when draft tokens are rejected), a KV load failure and a
 prefix-cache reset with running requests. ``check`` rebuilds a fresh state and compares
 it with the kept one (tests run it every step). Memory: a few numbers per running request,
@@ -120,7 +121,7 @@ class RunningState:
         self._order_seq = np.zeros(0, dtype=np.int64)
         self._free: list[int] = []
         self._pending: dict[int, list[tuple[np.ndarray, int]]] = {}  # output -> (slots, departures then) it frees
-        self._untracked: set[int] = set()  # outputs of steps not tracked, not back yet
+        self._untracked: dict[int, Any] = {}  # outputs of steps not sized, not back yet (by id)
         self.stale = True  # rebuild at the next sized step
         self.rebuilds = 0
         self._departures = 0  # requests that left the arrays (a slot freed: kept slot lists need a check)
@@ -135,7 +136,7 @@ class RunningState:
     def step_start(self, scheduler: Any, *, keep: bool = True, check: bool = False) -> None:
         """Bring the state to this sized step's start: finished requests leave; a rebuild when it cannot be
         trusted (or without ``keep``: the reference). ``check``: compare with a rebuild, keep what differs."""
-        if self.stale or self._untracked or not keep:
+        if self.stale or not keep:
             self.rebuild(scheduler.running)
             return
         for request_id in scheduler.finished_req_ids:
@@ -199,18 +200,21 @@ class RunningState:
             self.stale = True  # (draft tokens rejected take a decode's history back: read it again)
 
     def untracked_step(self, output: Any) -> None:
-        """A step that was not sized: nothing of it is tracked but the requests finished before it (they
-        leave), and its output's return makes the state stale."""
+        """A step that was not sized: nothing of it is tracked but the requests that left before or in it,
+        and the output itself until it is back; the next sized step reads the running requests again."""
         for request_id in output.finished_req_ids:
             self._leave(request_id)
-        self._untracked.add(id(output))
+        for request_id in getattr(output, "preempted_req_ids", None) or ():
+            self._leave(request_id)
+        self._untracked[id(output)] = output
+        self.stale = True
+        if len(self._untracked) > MAX_PENDING_OUTPUTS:  # outputs that never came back: forget them
+            self._untracked.clear()
 
     def output_back(self, output: Any) -> None:
         """A step's output is back: its decodes have their next token (synchronous scheduling)."""
         key = id(output)
-        if key in self._untracked:
-            self._untracked.discard(key)
-            self.stale = True
+        self._untracked.pop(key, None)  # (back before a sized step: the state is stale, and read again then)
         for slots, departures in self._pending.pop(key, ()):
             if departures != self._departures:  # some left since: keep the slots still held by the same request
                 slots = slots[self._used[slots] & (self._born[slots] <= departures)]
@@ -285,6 +289,13 @@ class RunningState:
         for request_id in [r for r, slot in self._slot.items() if slot not in present]:
             self._leave(request_id)
         self._order, self._order_seq = np.array(order, dtype=np.int64), np.array(order_seq, dtype=np.int64)
+        # Outputs of steps not sized still in flight: a decode not ready now waits for the one that carries it.
+        outputs, self._untracked = self._untracked, {}
+        for output in outputs.values():
+            slots = [self._slot[r] for r in output.num_scheduled_tokens if r in self._slot]
+            waiting = np.array([s for s in slots if not self._ready[s]], dtype=np.int64)
+            if len(waiting):
+                self._wait_for(output, waiting)
 
     def snapshot(self) -> tuple:
         """What a step start reads: the prefills' ids, and each decode's id, history and readiness, in order."""

@@ -147,6 +147,31 @@ def test_the_check_sees_a_kept_history_that_is_off_by_one(tmp_path):
     assert len(state.mismatches) == 1 and "kept" in state.mismatches[0]
 
 
+def test_a_decode_that_goes_out_uncharged_makes_the_state_be_read_again(tmp_path):
+    """With no check (as in production), a kept state that says a ready decode waits: vLLM schedules it, the
+    budget had not reserved it, the counts differ, and the next step reads the running requests again."""
+    scheduler = cpp_scheduler(tmp_path, pipeline_parallel_size=2)
+    for index in range(3):
+        prompt = list(range(1 + 50 * index, 40 + 50 * index))
+        scheduler.add_request(helpers.make_request(f"d{index}", prompt, max_tokens=50))
+    scheduler.add_request(helpers.make_request("long", list(range(5000, 9000)), max_tokens=2))  # every step sized
+    flight = deque()
+    for _ in range(8):
+        out = scheduler.schedule()
+        flight.append((out, helpers.model_output(scheduler, out)))
+        if len(flight) >= 2:
+            scheduler.update_from_output(*flight.popleft())
+    state = scheduler.cpp_running
+    ready = state.ready_decodes()[0]
+    assert len(ready) and out.num_scheduled_tokens.get("long", 0) > 1
+    state._ready[ready[0]] = False  # corrupt the kept state: a ready decode said to wait
+    rebuilds = state.rebuilds
+    out = scheduler.schedule()
+    assert state._ids[ready[0]] in out.num_scheduled_tokens  # vLLM scheduled it, unreserved and uncharged
+    scheduler.schedule()
+    assert state.rebuilds == rebuilds + 1 and state.check(scheduler.running) is None
+
+
 class CountedList(list):
     """vLLM's running queue, counting the walks over it."""
 

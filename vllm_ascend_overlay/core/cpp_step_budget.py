@@ -359,8 +359,10 @@ class StepBudget:
     def settle(self, scheduled: Collection[str]) -> None:
         """End of step: refund reservations of decodes the step did not schedule.
 
-        Every scheduled request is charged, so equal sizes mean equal sets: the usual
-        step costs one comparison.
+        A scheduled request is charged or reserved, so with no decode reserved in vain the sizes
+        are equal: the usual step costs one comparison. (One scheduled but neither, which a
+        kept state that is wrong would cause, leaves the sizes unequal after this: the
+        scheduler then reads its state again.)
         """
         if len(self.individually) + len(self.reserved or ()) != len(scheduled):
             for request_id in [r for r in self.charged if r not in scheduled]:

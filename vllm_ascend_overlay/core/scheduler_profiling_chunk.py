@@ -350,7 +350,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _after_step(self, scheduler_output) -> bool:
         policy = self.cpp_policy
         budget, timed = policy.budget, False
-        budget.settle(scheduler_output.num_scheduled_tokens)
+        budget.settle(scheduled := scheduler_output.num_scheduled_tokens)
+        if len(budget.individually) + len(budget.reserved or ()) != len(scheduled):
+            self.cpp_running.stale = True  # a request went out uncharged (not reserved): read them all again
         self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
         self.cpp_running.after_step(self, scheduler_output, budget)
         if budget.any_charged:
@@ -394,6 +396,4 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
 
 class AsyncProfilingChunkScheduler(ProfilingChunkScheduler, AsyncScheduler):
-    """The same policy under vLLM's asynchronous scheduling (decodes carry output placeholders).
-
-    core/cpp_config.py picks it when ``async_scheduling`` is on: CPP does not turn that off."""
+    """The same policy under vLLM's asynchronous scheduling (core/cpp_config.py picks it; CPP keeps it on)."""

@@ -437,9 +437,11 @@ def test_the_fingerprints_version_is_the_patch_sets_or_else_the_installed_packag
     import importlib.metadata
     import sys
 
+    import vllm_ascend
     from vllm_ascend import deployment
 
     monkeypatch.setitem(sys.modules, "vllm_ascend.patchset", None)  # importing it raises ImportError
+    monkeypatch.delattr(vllm_ascend, "patchset", raising=False)  # (as the package's attribute, once imported)
     monkeypatch.setattr(importlib.metadata, "version", lambda name: {"vllm_ascend": "0.23.0"}[name])
     assert deployment._ascend_version() == "0.23.0"
 

@@ -190,6 +190,7 @@ class CppPolicy:
         self._pending: tuple[Future, ChunkRule] | None = None  # a plan made off the step, and the rule it used
         self.traffic = Traffic()
         self._pace_errors: deque[float] = deque(maxlen=PACE_WINDOW)  # log(measured / predicted), timed steps
+        self._paced: tuple[ChunkRule, float, ChunkRule] | None = None  # (rule, bound, the rule with that bound)
 
     @property
     def rule(self) -> ChunkRule:
@@ -208,7 +209,7 @@ class CppPolicy:
         step's, taken now."""
         rule = self.rule
         inputs = (
-            rule,
+            self._paced_rule(rule),
             list(held),
             np.array(decode_histories, dtype=np.float64),
             self.decode_share,
@@ -222,6 +223,16 @@ class CppPolicy:
             logger.debug("[CPP] %d prefill(s) held: batch-time target %.2f ms", len(held), self.plan.target_ms)
             return
         self._pending = (self._planner.submit(*inputs), rule)
+
+    def _paced_rule(self, rule: ChunkRule) -> ChunkRule:
+        """The rule a plan is made with: its decode step bound the one in force, in measured time (``pace``)."""
+        bound_ms = self.budget.decode_bound_ms
+        if bound_ms is None or bound_ms == rule.limits.decode_step_ms:
+            return rule
+        paced = self._paced
+        if paced is None or paced[0] is not rule or paced[1] != bound_ms:
+            paced = self._paced = (rule, bound_ms, rule.with_decode_bound(bound_ms))
+        return paced[2]
 
     def adopt_plan(self) -> Plan | None:
         """A step starts: the plan made off the last step, if any, is the step budget's from now on
@@ -277,7 +288,8 @@ class CppPolicy:
             model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:
                 self.budget.rule = self.rule.with_model(model)
-                self._pace_errors.clear()  # (the new model predicts otherwise)
+                self._pace_errors.clear()  # (the new model predicts otherwise: its pace is measured anew)
+                self.budget.pace(1.0)
         return batch
 
     def _keep_pace(self, predicted_ms: float, measured_ms: float) -> None:

@@ -429,3 +429,16 @@ def test_a_rule_of_any_table_answers_in_range_and_finite(rule):
     curve = rule.efficient_chunks()
     assert all(rule.limits.floor_tokens <= c <= rule.limits.cap_tokens for c in curve.chunk_tokens)
     assert np.all(np.isfinite(rule.model.time_ms_many(np.full(7, 64.0), histories)))
+
+
+def test_many_speculative_decodes_are_reserved_at_the_models_own_costs():
+    """From 16 decodes the reservation prices them in one vectorised call, speculative tokens included: each
+    decode's cost is what ``request_ms`` gives it, so the step's predicted time is the scalar sum's."""
+    model = measured_model(NPU_LIKE, noise=0.0, max_history_tokens=200_000)
+    rule = ChunkRule(model, LIMITS, 4)
+    decodes = [(1 + index % 4, 1000 + 997 * index) for index in range(40)]  # 1-4 tokens each
+    budget = StepBudget(rule, rule.plan(model.time_ms(4096, 0)))
+    budget.reserve_decodes((f"d{index}", n, h) for index, (n, h) in enumerate(decodes))
+    costs = budget.reserved.costs
+    assert costs.tolist() == pytest.approx([model.request_ms(n, h) for n, h in decodes], rel=1e-12)
+    assert budget.reserved.tokens == sum(n for n, _ in decodes) and not budget.reserved.unit

@@ -146,9 +146,9 @@ class StepBudget:
             return
         model = self.rule.model
         request_ids, new_tokens, histories = zip(*decodes, strict=True)
-        if len(decodes) >= _VECTOR_DECODES and max(new_tokens) == 1:
-            # One numpy call instead of many, the same numbers (no speculative tokens: C = 1).
-            costs = model.decode_ms_many(np.array(histories, dtype=np.float64))
+        if len(decodes) >= _VECTOR_DECODES:  # one numpy call instead of many (speculative tokens: C > 1)
+            chunks, at = np.array(new_tokens, dtype=np.float64), np.array(histories, dtype=np.float64)
+            costs = model.decode_ms_many(at) if chunks.max() == 1 else model.request_ms_many(chunks, at)
         else:
             costs = np.array([model.request_ms(n, h) for n, h in zip(new_tokens, histories, strict=True)])
         ids = np.empty(len(request_ids), dtype=object)

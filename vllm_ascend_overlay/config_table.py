@@ -236,14 +236,20 @@ def check_section_name(additional_config: Any, key: str, error: type[Exception] 
             raise error(f"additional_config key {shown(name)} is not read: did you mean {key!r}? Rename it.")
 
 
-def parse_section(section: type[T], raw: Any, *, key: str, error: type[Exception] = ValueError) -> T:
-    """``section`` built from the user's dict ``raw`` (None: all defaults); raises ``error`` on any problem."""
+def parse_section(
+    section: type[T], raw: Any, *, key: str, error: type[Exception] = ValueError, replaced: dict[str, str] | None = None
+) -> T:
+    """``section`` built from the user's dict ``raw`` (None: all defaults); raises ``error`` on any problem.
+    ``replaced``: keys no longer read, each with what replaced it (named as the fix)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise error(f'{key}={shown(raw)}: must be a JSON object such as {{"enabled": true}}')
     table = settings(section)
-    problems = [problem(key, name, raw[name], _unknown_key(name, table)) for name in raw if name not in table]
+    fixes = {name: f"replaced by {why}" for name, why in (replaced or {}).items()}
+    problems = [
+        problem(key, name, raw[name], fixes.get(name) or _unknown_key(name, table)) for name in raw if name not in table
+    ]
     footer = f"The keys of {key} are {', '.join(table)}." if problems else ""
     values: dict[str, Any] = {}
     for name, (default, spec) in table.items():

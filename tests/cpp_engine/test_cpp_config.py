@@ -79,6 +79,10 @@ def test_max_batch_ms_is_reported_with_the_other_bad_keys_so_one_restart_fixes_a
         load({"max_batch_ms": 20, "smooth_factor": 3})
     message = str(raised.value)
     assert "max_batch_ms=20: replaced by target_tpot_ms" in message and "smooth_factor=3" in message
+    with pytest.raises(CppConfigError) as raised:
+        load({"max_batch_ms": 20, "smooth_factor": 3, "bogus": 1})
+    message = str(raised.value)  # one list of all three, under one header
+    assert message.startswith("profiling_chunk_config: 3 problems:") and message.count("problems:") == 1
 
 
 def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):

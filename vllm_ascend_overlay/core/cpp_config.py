@@ -112,17 +112,7 @@ REPLACED_KEYS = {
 
 def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> CppConfig:
     """Values and keys only (no engine checks); see ``check_cpp_setup`` for those."""
-    if isinstance(raw, dict):
-        replaced = [
-            problem(CONFIG_KEY, key, raw[key], f"replaced by {why}") for key, why in REPLACED_KEYS.items() if key in raw
-        ]
-        if replaced:  # with whatever else is wrong, so that one restart fixes all
-            try:
-                parse_section(CppConfig, {k: v for k, v in raw.items() if k not in REPLACED_KEYS}, key=CONFIG_KEY)
-            except ValueError as error:
-                replaced.append(str(error))
-            raise_problems(CONFIG_KEY, replaced, CppConfigError)
-    config = parse_section(CppConfig, raw, key=CONFIG_KEY, error=CppConfigError)
+    config = parse_section(CppConfig, raw, key=CONFIG_KEY, error=CppConfigError, replaced=REPLACED_KEYS)
     if config.cache_dir is None:
         config = replace(config, cache_dir="")
     if config.enabled and config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved by parse_section

@@ -34,7 +34,7 @@ def _args(tmp_path, *argv: str):
         (["--prompts", "1024,0"], "--prompts '1024,0': give prompt lengths"),
         (["--prompts", "33790"], "whole numbers in [1, 33784]"),  # with the 8 output tokens, over max_model_len
         (["--prompts", ","], "--prompts ','"),
-        (["--repeats", "0"], "--repeats must be >= 1 (prompts per length and policy), got 0"),
+        (["--repeats", "0"], "--repeats must be in [1, 1000] (prompts per length and policy), got 0"),
         (["--fixed", "0"], "--fixed '0': give chunk budgets"),
         (["--fixed", "512,x"], "--fixed '512,x'"),
         (["--chunk", "10"], "--chunk must be in [64, 33792]"),
@@ -43,9 +43,14 @@ def _args(tmp_path, *argv: str):
         (["--policies", " , "], "none given"),
         (["--mixed-rate", "-1"], "--mixed-rate must be > 0"),
         (["--mixed-rate", "nan"], "--mixed-rate must be > 0"),
-        (["--mixed-prompts", "0"], "--mixed-prompts must be >= 1"),
+        (["--mixed-prompts", "0"], "--mixed-prompts must be in [1, 1000]"),
         (["--mixed-input-len", "30000"], "'vllm bench serve' draws lengths up to 1.5x these, 45048 tokens"),
         (["--twin-python", "/nonexistent/python"], "--twin-python /nonexistent/python: not an executable file"),
+        # counts of runs at most 1000 (10**12 started the servers), and arrivals that fit 'vllm bench serve's time
+        (["--repeats", "1000000000000"], "--repeats must be in [1, 1000] (prompts per length and policy)"),
+        (["--mixed-prompts", "1000000000000"], "--mixed-prompts must be in [1, 1000] (requests of 'vllm bench"),
+        (["--mixed-rate", "1e-300"], "--mixed-rate 1e-300: 8 requests at 1e-300 a second arrive over 8e+300 s"),
+        (["--mixed-prompts", "1000", "--mixed-rate", "0.5"], "--mixed-rate 0.5: 1000 requests at 0.5 a second"),
     ],
 )
 def test_a_bad_flag_is_refused_naming_it(tmp_path, argv, says, capsys, no_server):
@@ -74,4 +79,5 @@ def test_an_out_folder_that_cannot_be_made_is_refused_and_nothing_is_written(tmp
 def test_the_defaults_and_good_values_pass(tmp_path):
     bench.check_args(_args(tmp_path))
     bench.check_args(_args(tmp_path, "--mixed-rate", "inf", "--fixed", "64,33792", "--prompts", "33784"))
+    bench.check_args(_args(tmp_path, "--repeats", "1000", "--mixed-prompts", "1000", "--mixed-rate", "1"))
     assert not (tmp_path / "out").exists(), "checking makes no folder"

@@ -45,7 +45,7 @@ from .report import Figures, all_figures, figures_from_result, format_table, run
 from .surface_files import load_surface
 
 
-def _check_writable(path: Path, option: str, *, folder: bool) -> None:
+def check_writable(path: Path, option: str, *, folder: bool) -> None:
     """Fail now, not after the run, when an output cannot be written; leave no file or folder behind."""
     nearest = next((parent for parent in (path if folder else path.parent, *path.parents) if parent.exists()), None)
     if nearest is not None and not nearest.is_dir():
@@ -111,9 +111,9 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
     for path, option in ((args.plot, "--plot"), (args.log_dir, "--log-dir")):
         if path is not None:
-            _check_writable(path, option, folder=True)
+            check_writable(path, option, folder=True)
     if args.json is not None:
-        _check_writable(args.json, "--json", folder=False)
+        check_writable(args.json, "--json", folder=False)
 
 
 def default_surface() -> str:

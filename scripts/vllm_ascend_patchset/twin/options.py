@@ -101,6 +101,17 @@ def parse_stages(text: str) -> list[int]:
     return counts
 
 
+def parse_seeds(text: str, option: str) -> list[int]:
+    """``0,1,2`` -> seeds: whole numbers >= 0."""
+    try:
+        seeds = [int(v) for v in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"{option} {text!r}: give whole numbers >= 0, comma-separated (e.g. 0,1,2)")
+    return seeds
+
+
 def parse_layers(text: str, stages: str) -> tuple[int, ...]:
     """``--layers``: one count per stage of every ``--stages`` value, each in [1, MAX_STAGE_LAYERS]."""
     layers = tuple(parse_counts(text, "--layers"))
@@ -147,17 +158,17 @@ def parse_smooth_factors(text: str, option: str) -> list[float]:
     return factors
 
 
-def parse_loads(text: str) -> list[float]:
+def parse_loads(text: str, option: str = "--load") -> list[float]:
     """``0.5,0.8`` -> offered loads, each in [MIN_LOAD, MAX_LOAD]."""
     try:
         loads = [float(v) for v in text.split(",")]
     except ValueError:
         raise ValueError(
-            f"--load {text!r}: give numbers in [{MIN_LOAD:g}, {MAX_LOAD:g}], comma-separated (e.g. 0.5,0.8,0.95)"
+            f"{option} {text!r}: give numbers in [{MIN_LOAD:g}, {MAX_LOAD:g}], comma-separated (e.g. 0.5,0.8,0.95)"
         ) from None
     why = "a fraction of the pipeline's prefill capacity; at 0.01 requests already run alone, 100 is a burst"
     for load in loads:
-        check_number(load, "--load", MIN_LOAD, MAX_LOAD, why=why)
+        check_number(load, option, MIN_LOAD, MAX_LOAD, why=why)
     return loads
 
 

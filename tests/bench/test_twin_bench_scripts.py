@@ -1,6 +1,6 @@
-"""scripts/bench/cpp_pace.py, cpp_mixed.py and cpp_surfaces.py: bad input is refused naming the flag, before the
-twin's workers start (each run takes minutes to hours; a typo used to end in a traceback, or a run that failed
-late or never ended)."""
+"""scripts/bench/cpp_pace.py, cpp_mixed.py, cpp_surfaces.py and predictor.py: bad input is refused naming the
+flag, before the twin's workers start or the predictors load (each run takes minutes to hours; a typo used to end
+in a traceback, or a run that failed late or never ended)."""
 
 from __future__ import annotations
 
@@ -95,3 +95,46 @@ def test_the_defaults_and_the_results_pages_commands_pass_the_checks(script, arg
     with pytest.raises(Reached):
         module.main([*argv, *(["--json", str(tmp_path / "rows.json")] if script == "cpp_pace" else [])])
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--csv", "/nonexistent.csv"], "--csv /nonexistent.csv: not a file"),
+        (["--base-chunk", "0"], "--base-chunk 0: a chunk budget must lie in [64, "),
+        (["--stages", "0"], "--stages must be a finite number in [2, 64], got 0"),
+        (["--smooth-factor", "nan"], "--smooth-factor must be a finite number in (0, 1], got nan"),
+        (["--min-chunk", "-1"], "--min-chunk must be a finite number in [1, 4096], got -1"),
+        (["--page-size", "0"], "--page-size must be a finite number in [1, 4096], got 0"),
+        (["--prompt-tokens", "32768", "1000000000000"], "--prompt-tokens must be a finite number in [1, 2096896]"),
+        (["--fit-histories", "-5"], "--fit-histories must be a finite number in [0, 2097152], got -5"),
+        (["--measure-prompt", "1000000000"], "--measure-prompt must be a finite number in [0, 131072], got"),
+    ],
+)
+def test_predictor_refuses_bad_input_before_loading_anything(argv, says, monkeypatch, capsys):
+    """Each ended in a traceback, divided by zero or ran for days (a 10**12-token prompt's chunkings)."""
+    module = _script("predictor")
+
+    def load(*args, **kwargs):
+        raise AssertionError("the predictors were loaded")
+
+    monkeypatch.setattr(module, "load_ours", load)
+    with pytest.raises(SystemExit) as exit_info:
+        module.main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+
+
+def test_predictor_defaults_pass_the_checks(monkeypatch):
+    module = _script("predictor")
+
+    class Reached(Exception):
+        """The checks passed: the predictors would be loaded here."""
+
+    def load(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(module, "load_ours", load)
+    with pytest.raises(Reached):
+        module.main([])

@@ -108,6 +108,9 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--slo-reference", "1e12"], "--slo-reference must be a finite number in [1, 2096896], got 1000000000000"),
         (["--stages", "4", "--layers", "1000000000000,1,1,1"], "--layers must be a finite number in [1, 1000], got"),
         (["--stages", "2", "--layers=-1,1"], "--layers '-1,1': give whole numbers >= 1"),
+        # checked whatever the policies (ignored without a CPP policy, and '' fell back to the default surface)
+        (["--smooth-factor", "5", "--policies", "fixed,tuned"], "--smooth-factor must be in (0, 1], got 5.0"),
+        (["--surface", ""], "--surface '': give a .csv, a profile .json, 'synthetic', quadratic:"),
     ],
 )
 def test_bad_arguments_fail_before_any_worker_naming_the_flag_and_the_fix(argv, message, capsys, no_workers):

@@ -81,7 +81,11 @@ def _write_json(path: Path, dump: list) -> bool:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Every option checked before a worker starts; an error names the option and what to give."""
+    if args.surface is not None and not args.surface.strip():
+        raise ValueError("--surface '': give a .csv, a profile .json, 'synthetic', quadratic:C0,...,C4 or leave it out")
     check_chunk(args.chunk, "--chunk")
+    if args.smooth_factor is not None and not 0 < args.smooth_factor <= 1:  # (NaN too) whatever the policies
+        raise ValueError(f"--smooth-factor must be in (0, 1], got {args.smooth_factor}")
     check_noise(args.noise)
     check_number(args.drift, "--drift", 0.0, 0.99)
     validate_workload_args(args)

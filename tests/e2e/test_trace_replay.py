@@ -450,6 +450,7 @@ def test_twin_predict_names_bad_input_without_a_traceback(tmp_path, capsys, argv
         (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--load", "1e9"], "--load must be a finite number in [0.01,"),
         (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--pace", "1e300"], "--pace must be a finite number in (0,"),
         (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--steps", "/nonexistent"], "--steps /nonexistent: not a"),
+        (["--stages", "2", "--prompts", "1024", "--json", "/proc/out.json"], "--json /proc/out.json: cannot write"),
     ],
 )
 def test_twin_predict_refuses_bad_input_before_the_twin_runs(tmp_path, capsys, monkeypatch, argv, says):

@@ -39,6 +39,7 @@ import tempfile
 from pathlib import Path
 
 from ..twin import policies as pol
+from ..twin.command import check_writable
 from ..twin.options import (
     LONGEST_REQUEST_TOKENS,
     MAX_LOAD,
@@ -251,6 +252,7 @@ def check_args(args: argparse.Namespace) -> None:
     check_number(args.pace, "--pace", 0, MAX_PACE, low_open=True, why="the device's times over the profile's")
     if args.steps is not None and not args.steps.is_file():
         raise ValueError(f"--steps {args.steps}: not a file; give the JSON of the servers' timed steps")
+    check_writable(args.json, "--json", folder=False)  # written once the twin has run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    args.json.parent.mkdir(parents=True, exist_ok=True)  # (checked writable: made only for a run that goes ahead)
     if args.trace and args.workload_only:
         workload = build_replay(args.surface, args.trace, args.load, args.output_cap, args.chunk)
         slo = default_slo(load_surface(args.surface), args.stages)

@@ -433,7 +433,7 @@ def test_twin_predict_names_bad_input_without_a_traceback(tmp_path, capsys, argv
 @pytest.mark.parametrize(
     "argv, says",
     [
-        # each started the twin's workers (or failed in them) before the fix
+        # each used to start the twin's workers (or fail in them)
         (["--stages", "0", "--prompts", "1024"], "--stages must be a finite number in [2, 64], got 0"),
         (["--stages", "1000000", "--prompts", "1024"], "--stages must be a finite number in [2, 64], got 1000000"),
         (["--stages", "1", "--prompts", "1024", "--policies", "fixed", "--fixed", "512"], None),

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import csv
 import itertools
+import os
 import random
 import sys
 import time
@@ -167,6 +168,38 @@ def time_point_ms(
     return (clock() - start) * 1000.0
 
 
+MAX_POINT_TOKENS = 1 << 18  # a chunk or history: the deepest history's KV caches are made up front, per layer
+MAX_WIDTH = 16_384  # --hidden-size, --head-dim, --intermediate-size: past a 70B model's; the "tiny" model then is not
+MAX_LAYERS = 128
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every flag before the model is built or anything written; ``parser.error`` names the flag (exit 2)."""
+
+    def within(flag: str, value: int, low: int, high: int) -> None:
+        if not low <= value <= high:
+            parser.error(f"{flag} must be in [{low}, {high}], got {value}")
+
+    within("--repeats", args.repeats, 1, 1000)
+    within("--threads", args.threads, 1, os.cpu_count() or 1)
+    within("--seed", args.seed, 0, 2**32 - 1)
+    for flag, values in (("--startup-chunks", args.startup_chunks), ("--chunks", args.chunks)):
+        for value in values:
+            within(flag, value, 1, MAX_POINT_TOKENS)
+    for value in args.histories:
+        within("--histories", value, 1, MAX_POINT_TOKENS)
+    for flag in ("--hidden-size", "--head-dim", "--intermediate-size", "--num-heads", "--num-kv-heads"):
+        within(flag, getattr(args, flag[2:].replace("-", "_")), 1, MAX_WIDTH)
+    within("--num-layers", args.num_layers, 1, MAX_LAYERS)
+    if args.num_heads % args.num_kv_heads:
+        parser.error(f"--num-kv-heads {args.num_kv_heads} must divide --num-heads {args.num_heads} (grouped queries)")
+    if args.clock == "thread" and args.threads != 1:
+        parser.error("--clock thread measures one thread; use --clock process with --threads > 1")
+    nearest = next(p for p in (args.out.parent, *args.out.parents) if p.exists() or p == Path(p.anchor))
+    if args.out.is_dir() or not nearest.is_dir() or not os.access(nearest, os.W_OK):
+        parser.error(f"--out {args.out}: cannot write a file there; give a CSV path in a writable folder")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("tests/data/cpu_surface.csv"))
@@ -185,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=defaults.head_dim)
     parser.add_argument("--intermediate-size", type=int, default=defaults.intermediate_size)
     args = parser.parse_args(argv)
+    check_args(parser, args)
 
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
@@ -207,8 +241,6 @@ def main(argv: list[str] | None = None) -> int:
     ]
     generator = torch.Generator().manual_seed(args.seed)
     clock = CLOCKS[args.clock]
-    if args.clock == "thread" and args.threads != 1:
-        parser.error("--clock thread measures one thread; use --clock process with --threads > 1")
     points = [(chunk_tokens, 0) for chunk_tokens in args.startup_chunks]
     points += [p for p in itertools.product(args.chunks, args.histories) if p[1] > 0]
     rows: list[tuple[int, int, float]] = []

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from cpp_surfaces import SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
+from vllm_ascend_patchset.twin.options import parse_chunks, parse_seeds, parse_stages  # noqa: E402
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.slo import default_slo  # noqa: E402
 from vllm_ascend_patchset.twin.stress import STRESS_SURFACES  # noqa: E402
@@ -39,21 +40,34 @@ MIXED_SURFACES = [
 SWEEP = "128,192,256,384,512,768,1024,1536,2048,3072,4096,6144,8192"
 
 
-def main() -> int:
+def check_args(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
+    """Every flag before the twin's workers start (a ValueError names it); the bases, seeds and sweep."""
+    for spec in args.surfaces.split(","):
+        load_surface(spec)
+    (stages,) = parse_stages(str(args.stages))
+    if stages < 2:
+        raise ValueError(f"--stages {args.stages}: ours needs pipeline parallelism, P >= 2")
+    return parse_chunks(args.bases, "--bases"), parse_seeds(args.seeds, "--seeds"), parse_chunks(args.sweep, "--sweep")
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--surfaces", default=",".join(MIXED_SURFACES))
     parser.add_argument("--bases", default="8192")
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--sweep", default=SWEEP, help="fixed chunk sizes the tuned fixed chunk is the best of")
-    args = parser.parse_args()
-    sweep = [int(c) for c in args.sweep.split(",")]
+    args = parser.parse_args(argv)
+    try:
+        bases, seeds, sweep = check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     cases, slos = [], {}
     for spec in args.surfaces.split(","):
         surface = load_surface(spec)
         slos[spec] = default_slo(surface, args.stages)
-        for base in (int(b) for b in args.bases.split(",")):
-            for seed in (int(s) for s in args.seeds.split(",")):
+        for base in bases:
+            for seed in seeds:
                 workload = mixed(surface, args.stages, seed=seed, reference_chunk_tokens=base)
                 policies = [pol.fixed(c) for c in sweep if c <= base] + [pol.ours(base)]
                 cases.append(((spec, base, seed), pol.Setup(spec, args.stages, workload, seed), policies))

@@ -40,17 +40,29 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from vllm_ascend_patchset.paths import ROOT  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
-from vllm_ascend_patchset.twin.command import slo_tuned_fixed  # noqa: E402
-from vllm_ascend_patchset.twin.options import BLOCK_TOKENS, LONGEST_REQUEST_TOKENS, parse_trace_item  # noqa: E402
+from vllm_ascend_patchset.twin.command import check_writable, slo_tuned_fixed  # noqa: E402
+from vllm_ascend_patchset.twin.options import (  # noqa: E402
+    BLOCK_TOKENS,
+    LONGEST_REQUEST_TOKENS,
+    parse_chunks,
+    parse_loads,
+    parse_seeds,
+    parse_stages,
+    parse_trace_item,
+)
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.slo import REFERENCE_TOKENS, Slo, default_slo  # noqa: E402
 from vllm_ascend_patchset.twin.surface import batch_ms  # noqa: E402
 from vllm_ascend_patchset.twin.surface_files import load_surface  # noqa: E402
-from vllm_ascend_patchset.twin.traces import trace_workload  # noqa: E402
+from vllm_ascend_patchset.twin.traces import (
+    read_slice,  # noqa: E402
+    trace_workload,  # noqa: E402
+)
 from vllm_ascend_patchset.twin.workloads import mixed  # noqa: E402
 
 GOALS = {"e2e": 1.02, "e2e_p99": 1.05, "ttft": 1.05, "e2e_geo": 0.95, "ttft_geo": 0.85, "goodput": 0.02}
 TARGET_GOALS = {"ttft": 1.02, "goodput": 0.02}
+MAX_TARGET_ROUNDS = 1000.0  # --targets K: past a thousand decode-only rounds a target binds no step
 
 
 def decode_round_ms(surface) -> float:
@@ -113,6 +125,34 @@ def judge(target: str | None, ours, comparator, fixed, slo: Slo) -> dict:
     return row
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag before the twin's workers start; a ValueError names the flag and what to give."""
+    for spec in args.surfaces.split(","):
+        load_surface(str(ROOT / spec) if spec.endswith(".csv") else spec)
+    if min(parse_stages(args.stages)) < 2:
+        raise ValueError(f"--stages {args.stages}: ours needs pipeline parallelism, P >= 2")
+    parse_chunks(args.bases, "--bases")
+    parse_seeds(args.seeds, "--seeds")
+    parse_loads(args.loads, "--loads")
+    for item in args.workloads.split(","):
+        if item.startswith("trace:"):
+            read_slice(parse_trace_item(item.split(":", 1)[1], 32))
+        elif item != "mixed":
+            raise ValueError(f"--workloads item {item!r}: give mixed or trace:PATH@START:COUNT, comma-separated")
+    for target in args.targets.split(","):
+        try:
+            rounds = None if target in ("none", "slo") else float(target)
+        except ValueError:
+            rounds = math.nan
+        if rounds is not None and not 0 < rounds <= MAX_TARGET_ROUNDS:  # NaN fails both
+            raise ValueError(
+                f"--targets item {target!r}: give none, slo or a number K in (0, {MAX_TARGET_ROUNDS:g}] (K times the"
+                " decode-only round)"
+            )
+    if args.json is not None:
+        check_writable(args.json, "--json", folder=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--surfaces", default="tests/data/cpu_surface.csv,synthetic")
@@ -124,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets", default="none,2,4,slo", help="none, K (x the decode-only round) or slo")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     targets = args.targets.split(",")
     cases = []
     for spec in args.surfaces.split(","):

@@ -36,6 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from vllm_ascend_patchset.paths import TESTS_DIR, assembled_root  # noqa: E402
+from vllm_ascend_patchset.twin.options import MAX_STAGES  # noqa: E402
+
+MAX_STEPS = 10_000  # --steps, --every, --block: 10,000 steps of four schedulers take minutes a configuration
+MAX_DECODES = 2048  # the schedulers' 16384 KV blocks of 16 tokens: 2048 decodes' prompts take half of them
 
 
 def _setup() -> None:
@@ -220,16 +224,26 @@ def parse_args() -> argparse.Namespace:
         help="leave the start-up heap to the garbage collector (the engine freezes it)",
     )
     args = parser.parse_args()
-    for name in ("repeats", "steps", "every", "burst", "block"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1, got {getattr(args, name)}")
-    if args.stages < 2:
-        parser.error(f"--stages must be at least 2 (CPP runs only under pipeline parallelism), got {args.stages}")
+    args.in_flight = args.stages if args.in_flight is None else args.in_flight
+    for name, low, high, what in (
+        ("repeats", 1, 1000, "runs of each configuration"),
+        ("steps", 1, MAX_STEPS, "timed steps of each scheduler"),
+        ("every", 1, MAX_STEPS, "steps between arrivals"),
+        ("burst", 1, 64, "prompts of 6000, 3000, 2000, ... tokens: past 64 one is under 100 tokens"),
+        ("block", 1, MAX_STEPS, "steps each scheduler runs in turn"),
+        ("stages", 2, MAX_STAGES, "CPP runs only under pipeline parallelism"),
+        ("in_flight", 1, args.stages, "batches in flight: at most one a stage"),
+    ):
+        if not low <= getattr(args, name) <= high:
+            parser.error(f"--{name.replace('_', '-')} must be in [{low}, {high}] ({what}), got {getattr(args, name)}")
+    if not 0 <= args.device_ms <= 1000:  # NaN fails both
+        parser.error(f"--device-ms must be a number of ms in [0, 1000] (a second between steps), got {args.device_ms}")
+    if max(args.decodes) > MAX_DECODES:
+        parser.error(f"--decodes must be in [1, {MAX_DECODES}] (their KV blocks fit), got {max(args.decodes)}")
     if args.json:
         target = Path(args.json)
         if target.is_dir() or not target.parent.is_dir() or not os.access(target.parent, os.W_OK):
             parser.error(f"--json {args.json}: cannot write a file there (give a file in an existing, writable folder)")
-    args.in_flight = args.stages if args.in_flight is None else max(1, args.in_flight)
     return args
 
 

@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.pp < 2:
         parser.error("--pipeline-parallel-size must be >= 2: CPP needs pipeline parallelism")
+    serve_ab.within(parser, "--pipeline-parallel-size", args.pp, 2, serve_ab.MAX_PARALLEL)
+    serve_ab.within(parser, "--tensor-parallel-size", args.tp, 1, serve_ab.MAX_PARALLEL)
+    serve_ab.within(parser, "--max-num-batched-tokens", args.max_num_batched_tokens, 1, serve_ab.MAX_TOKENS)
+    if args.max_model_len is not None:
+        serve_ab.within(parser, "--max-model-len", args.max_model_len, 1, serve_ab.MAX_TOKENS)
+    serve_ab.check_serving_args(parser, args)
     try:
         extra = json.loads(args.cpp_config)
     except json.JSONDecodeError as error:

@@ -30,6 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the to
 from vllm_ascend_patchset.paths import DATA_DIR, ROOT  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
 from vllm_ascend_patchset.twin.optimum import optimum  # noqa: E402
+from vllm_ascend_patchset.twin.options import (  # noqa: E402
+    LONGEST_REQUEST_TOKENS,
+    check_number,
+    parse_chunks,
+    parse_stages,
+    parse_tokens,
+)
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.stress import STRESS_SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin.surface_files import load_surface  # noqa: E402
@@ -82,6 +89,20 @@ def run_surface(spec: str, bases: list[int], prompts: list[int], stages: list[in
     return rows
 
 
+def check_args(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:
+    """Every flag before the twin's workers start (a ValueError names it); the bases, prompts and stage counts."""
+    for spec in args.surfaces.split(","):
+        load_surface(str(ROOT / spec) if spec.endswith(".csv") else spec)
+    bases = parse_chunks(args.bases, "--bases")
+    prompts = [parse_tokens(v, "--prompts item") for v in args.prompts.split(",")]
+    for prompt in prompts:
+        check_number(prompt, "--prompts", 1, LONGEST_REQUEST_TOKENS, why="tokens the twin's model takes")
+    stages = parse_stages(args.stages)
+    if min(stages) < 2:
+        raise ValueError(f"--stages {args.stages}: ours needs pipeline parallelism, P >= 2")
+    return bases, prompts, stages
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--surfaces", default=",".join(SURFACES))
@@ -90,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stages", default="2,4,8")
     parser.add_argument("--gate", action="store_true", help="exit 1 when a case misses the goals")
     args = parser.parse_args(argv)
-    bases, prompts, stages = ([int(v) for v in text.split(",")] for text in (args.bases, args.prompts, args.stages))
+    try:
+        bases, prompts, stages = check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
     print("surface                          base   prompt  P  ours/optimum  /engine-opt  /best-fixed  /upstream")
     misses = []
     for spec in args.surfaces.split(","):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import sys
 from dataclasses import dataclass
@@ -88,12 +89,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tp < 2:
         parser.error("--tensor-parallel-size must be >= 2: dual stream overlaps the TP all-reduce, none at TP=1")
+    serve_ab.within(parser, "--tensor-parallel-size", args.tp, 2, serve_ab.MAX_PARALLEL)
     if args.request_rate != "inf":
         try:
-            if float(args.request_rate) <= 0:
+            if not float(args.request_rate) > 0:  # NaN too
                 raise ValueError
         except ValueError:
             parser.error(f"--request-rate must be 'inf' or a number > 0, got {args.request_rate!r}")
+    if args.balance_threshold is not None and not math.isfinite(args.balance_threshold):
+        parser.error(f"--balance-threshold must be a finite number > 0, got {args.balance_threshold}")
+    if args.length_threshold is not None:
+        serve_ab.within(parser, "--length-threshold", args.length_threshold, 1, serve_ab.MAX_TOKENS)
+    serve_ab.check_serving_args(parser, args)
     return args
 
 

@@ -38,6 +38,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from vllm_ascend_patchset.paths import CPU_SURFACE, PACKAGE, assembled_root  # noqa: E402
+from vllm_ascend_patchset.twin.options import (  # noqa: E402
+    LONGEST_REQUEST_TOKENS,
+    MAX_STAGES,
+    TINY_MODEL_MAX_POSITIONS,
+    check_chunk,
+    check_number,
+)
+
+MAX_MEASURED_PROMPT = 131_072  # --measure-prompt: a minute for 32768 tokens on the CPU model, and more than 4x per 4x
 
 os.environ.setdefault("VLLM_PLUGINS", "")
 os.environ.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
@@ -137,6 +146,22 @@ def measure_chunkings(chunkings, prompt_tokens: int) -> None:
             )
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag before the predictors are loaded; a ValueError names the flag and what to give."""
+    if not args.csv.is_file():
+        raise ValueError(f"--csv {args.csv}: not a file; give a latency surface CSV (tests/data/cpu_surface.csv)")
+    for history in args.fit_histories:
+        check_number(history, "--fit-histories", 0, TINY_MODEL_MAX_POSITIONS, why="history tokens of the CSV's rows")
+    check_chunk(args.base_chunk, "--base-chunk")
+    check_number(args.page_size, "--page-size", 1, args.base_chunk, why="tokens, at most --base-chunk")
+    for prompt in args.prompt_tokens:
+        check_number(prompt, "--prompt-tokens", 1, LONGEST_REQUEST_TOKENS, why="tokens the twin's model takes")
+    check_number(args.smooth_factor, "--smooth-factor", 0, 1, low_open=True)
+    check_number(args.stages, "--stages", 2, MAX_STAGES, why="ours plans for pipeline parallelism")
+    check_number(args.min_chunk, "--min-chunk", 1, args.base_chunk, why="tokens, at most --base-chunk")
+    check_number(args.measure_prompt, "--measure-prompt", 0, MAX_MEASURED_PROMPT, why="tokens; 0: off")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=CPU_SURFACE)
@@ -155,6 +180,10 @@ def main(argv=None) -> int:
         "(about a minute for 32768 tokens; 0: off)",
     )
     args = parser.parse_args(argv)
+    try:
+        check_args(args)
+    except ValueError as error:
+        parser.error(str(error))
 
     ours, upstream = load_ours(), load_upstream()
     samples = read_surface(args.csv)

@@ -97,7 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("build/probe-surfaces"))
     args = parser.parse_args(argv)
-    paths = write_surfaces(args.out)
+    nearest = next(p for p in (args.out, *args.out.parents) if p.exists() or p == Path(p.anchor))
+    if nearest.exists() and not nearest.is_dir():
+        parser.error(f"--out {args.out}: {nearest} is a file, not a folder; give a folder for the surfaces")
+    try:
+        paths = write_surfaces(args.out)
+    except OSError as error:
+        parser.error(f"--out {args.out}: cannot write there ({error.strerror or error}); give a writable folder")
     print(f"{len(paths)} surfaces in {args.out}; the one-prompt gate on them:")
     print(
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py --gate --surfaces "

@@ -22,6 +22,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +32,41 @@ from pathlib import Path
 READY_POLL_S = 5.0
 STOP_GRACE_S = 120.0
 KILL_WAIT_S = 30.0
+# Bounds of the flags both scripts hand to vLLM, checked before any server starts: on a device a server
+# takes minutes to start, and vLLM refuses (or a bench never ends on) these only then.
+MAX_TOKENS = 1 << 25  # a prompt, an output or a token budget of 32 Mi tokens is past any model's context
+MAX_PROMPTS = 100_000  # requests of one bench: hours of serving at any rate a device sustains
+MAX_WAIT_S = 86_400  # a day: --ready-timeout-s, and the arrivals of --num-prompts at --request-rate
+MAX_PARALLEL = 64  # --pipeline-parallel-size, --tensor-parallel-size: past any deployment's device count
+
+
+def within(parser: argparse.ArgumentParser, flag: str, value: int, low: int, high: int) -> None:
+    """``value`` in [low, high], else ``parser.error`` naming ``flag`` (exit 2)."""
+    if not low <= value <= high:
+        parser.error(f"{flag} must be in [{low}, {high}], got {value}")
+
+
+def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The flags both scripts share (``bench_serve_command``'s, the port, the timeout, ``--result-dir``)."""
+    within(parser, "--port", args.port, 1, 65535)
+    within(parser, "--input-len", args.input_len, 1, MAX_TOKENS)
+    within(parser, "--output-len", args.output_len, 1, MAX_TOKENS)
+    within(parser, "--num-prompts", args.num_prompts, 1, MAX_PROMPTS)
+    within(parser, "--ready-timeout-s", args.ready_timeout_s, 1, MAX_WAIT_S)
+    within(parser, "--seed", args.seed, 0, 2**32 - 1)  # vllm bench serve seeds numpy with it
+    arrivals_s = args.num_prompts / float(args.request_rate)  # 'inf' or > 0, checked by the script
+    if arrivals_s > MAX_WAIT_S:
+        parser.error(
+            f"--request-rate {args.request_rate}: {args.num_prompts} prompts arrive over {arrivals_s:g} s, more than"
+            " a day; give a higher rate or fewer --num-prompts"
+        )
+    nearest = next(p for p in (args.result_dir, *args.result_dir.parents) if p.exists() or p == Path(p.anchor))
+    if nearest.exists() and not nearest.is_dir():
+        parser.error(f"--result-dir {args.result_dir}: {nearest} is a file, not a folder; give a folder")
+    try:
+        tempfile.TemporaryFile(dir=nearest if nearest.exists() else Path.cwd()).close()
+    except OSError as error:
+        parser.error(f"--result-dir {args.result_dir}: cannot write in {nearest} ({error.strerror}); give a folder")
 
 
 def split_serve_args(serve_args: Iterable[str]) -> list[str]:

@@ -88,6 +88,10 @@ def release_wheel(pin: Pin, version: str, target: WheelTarget) -> Path:
 
 
 def check_release(version: str, target: WheelTarget | None = None, pin: Pin | None = None) -> list[CheckResult]:
+    try:  # before the index is read: it would only say that no wheel has that version
+        Version(version)
+    except InvalidVersion:
+        raise ValueError(f"check-pin VERSION {version!r}: not a release version; give one such as 0.24.0") from None
     pin = pin or Pin.load()
     target = target or WheelTarget.host()
     wheel = release_wheel(pin, version, target)

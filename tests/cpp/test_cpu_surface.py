@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import statistics
+import sys
 from collections import defaultdict
 
 import numpy as np
@@ -107,3 +108,72 @@ def test_each_measured_surface_is_accepted_as_a_profile(path):
     verdict = judge(grid, ChunkLimits(max(chunks), histories[-1] + max(chunks)), 4,
                     max_history_tokens=histories[-1], last_round=True)  # fmt: skip
     assert verdict.model is not None, verdict.reason
+
+
+@pytest.fixture(scope="module")
+def measure():
+    spec = importlib.util.spec_from_file_location("measure_cpu_surface", BENCH_DIR.parent / "measure_cpu_surface.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    return module
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        # --repeats 0 wrote an empty surface over the committed one; the others built the model and its KV
+        # caches first, then failed in torch or ran out of memory
+        (["--repeats", "0"], "--repeats must be in [1, 1000], got 0"),
+        (["--repeats", "1000000000000"], "--repeats must be in [1, 1000]"),
+        (["--histories", "2048", "1000000000000"], "--histories must be in [1, 262144], got 1000000000000"),
+        (["--chunks", "0"], "--chunks must be in [1, 262144], got 0"),
+        (["--startup-chunks", "-256"], "--startup-chunks must be in [1, 262144], got -256"),
+        (["--threads", "0"], "--threads must be in [1, "),
+        (["--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
+        (["--num-layers", "0"], "--num-layers must be in [1, 128], got 0"),
+        (["--hidden-size", "1000000000000"], "--hidden-size must be in [1, 16384]"),
+        (["--num-heads", "3", "--num-kv-heads", "2"], "--num-kv-heads 2 must divide --num-heads 3"),
+        (["--clock", "thread", "--threads", "2"], "--clock thread measures one thread"),
+    ],
+)
+def test_measure_refuses_bad_input_before_building_the_model(measure, monkeypatch, capsys, tmp_path, argv, says):
+    def build(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(measure, "TinyQwen3", build)
+    out = tmp_path / "surface.csv"
+    with pytest.raises(SystemExit) as exit_info:
+        measure.main(["--out", str(out), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_measure_refuses_an_out_it_cannot_write_before_measuring(measure, monkeypatch, capsys, tmp_path):
+    """A file standing where --out's folder goes failed in mkdir after every point was measured."""
+    monkeypatch.setattr(measure, "TinyQwen3", lambda *args: pytest.fail("the model was built"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    for out in (blocker / "surface.csv", tmp_path):
+        with pytest.raises(SystemExit):
+            measure.main(["--out", str(out)])
+        assert f"--out {out}: " in capsys.readouterr().err
+    assert blocker.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+def test_measure_defaults_pass_the_checks(measure, monkeypatch, tmp_path):
+    class Reached(Exception):
+        """The checks passed: the model would be built here."""
+
+    def build(*args, **kwargs):
+        raise Reached
+
+    monkeypatch.setattr(measure, "TinyQwen3", build)
+    with pytest.raises(Reached):
+        measure.main(["--out", str(tmp_path / "new" / "surface.csv")])
+    assert not any(tmp_path.iterdir())

@@ -74,6 +74,17 @@ def test_runs_differ_only_in_the_cpp_switch(bench):
         ([*BASE, "--cpp-config", '{"enabled": true}'], 'without "enabled"'),
         ([*BASE, "--request-rate", "-1"], "'inf' or a positive number"),
         ([*BASE, "--max-model-len", "1000"], "must hold --input-len + --output-len"),
+        # each reached vllm serve or vllm bench serve, which refused it (or never finished) minutes later
+        ([*BASE, "--port", "70000"], "--port must be in [1, 65535], got 70000"),
+        ([*BASE, "--num-prompts", "1000000000000"], "--num-prompts must be in [1, 100000], got 1000000000000"),
+        ([*BASE, "--output-len", "1000000000000"], "--output-len must be in [1, 33554432], got 1000000000000"),
+        ([*BASE, "--seed", "-1"], "--seed must be in [0, 4294967295], got -1"),
+        ([*BASE, "--ready-timeout-s", "1000000000000"], "--ready-timeout-s must be in [1, 86400]"),
+        ([*BASE, "--request-rate", "1e-300"], "--request-rate 1e-300: 32 prompts arrive over 3.2e+301 s"),
+        ([*BASE, "--pp", "1000000"], "--pipeline-parallel-size must be in [2, 64], got 1000000"),
+        ([*BASE, "--tp", "1000000"], "--tensor-parallel-size must be in [1, 64], got 1000000"),
+        ([*BASE, "--max-num-batched-tokens", "1000000000000"], "--max-num-batched-tokens must be in [1, 33554432]"),
+        ([*BASE, "--max-model-len", "1000000000000"], "--max-model-len must be in [1, 33554432]"),
     ],
 )
 def test_bad_arguments_are_refused(bench, capsys, argv, message):
@@ -81,6 +92,18 @@ def test_bad_arguments_are_refused(bench, capsys, argv, message):
         bench.parse_args(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_result_dir_that_cannot_be_made_is_refused_before_any_server(bench, capsys, tmp_path):
+    """A file given as --result-dir ended in a traceback from mkdir, after the arguments were taken."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    for result_dir in (blocker, blocker / "below"):
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main([*BASE, "--result-dir", str(result_dir)])
+        assert exit_info.value.code == 2
+        assert f"--result-dir {result_dir}: {blocker} is a file, not a folder" in capsys.readouterr().err
+    assert blocker.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_table_shows_both_runs_and_the_ratio(bench, monkeypatch, capsys, tmp_path):

@@ -9,6 +9,7 @@ shorter ones) and stopping where CPP stopped.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -64,3 +65,48 @@ def test_bad_input_is_named_and_exits_2_before_any_run(args, message):
     assert run.returncode == 2, run.stdout + run.stderr
     assert message in run.stderr and "Traceback" not in run.stderr
     assert "decoding requests" not in run.stdout
+
+
+@pytest.fixture(scope="module")
+def bench_module():
+    spec = importlib.util.spec_from_file_location("cpp_sched_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # each was taken, and ran for days (or until memory ran out), or failed with a traceback mid-run
+        (["--repeats", "1000000000000"], "--repeats must be in [1, 1000] ("),
+        (["--steps", "1000000000000"], "--steps must be in [1, 10000] ("),
+        (["--burst", "1000000000000"], "--burst must be in [1, 64] ("),
+        (["--every", "1000000000000"], "--every must be in [1, 10000] ("),
+        (["--block", "1000000000000"], "--block must be in [1, 10000] ("),
+        (["--stages", "1000000000000"], "--stages must be in [2, 64] ("),
+        (["--in-flight", "0"], "--in-flight must be in [1, 4] (batches in flight: at most one a stage), got 0"),
+        (["--in-flight", "-3"], "--in-flight must be in [1, 4]"),
+        (["--in-flight", "9"], "--in-flight must be in [1, 4]"),
+        (["--device-ms", "nan"], "--device-ms must be a number of ms in [0, 1000] ("),
+        (["--device-ms", "-1"], "--device-ms must be a number of ms in [0, 1000] ("),
+        (["--device-ms", "1e300"], "--device-ms must be a number of ms in [0, 1000] ("),
+        (["--decodes", "32,1000000000000"], "--decodes must be in [1, 2048] ("),
+    ],
+)
+def test_out_of_range_input_is_named_and_exits_2_before_any_run(bench_module, monkeypatch, capsys, args, message):
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *args])
+    with pytest.raises(SystemExit) as exit_info:
+        bench_module.parse_args()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and ", got " in err and "Traceback" not in err, err
+
+
+def test_the_defaults_and_the_bounds_themselves_are_taken(bench_module, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT)])
+    assert bench_module.parse_args().in_flight == 4  # one a stage
+    bounds = ["--repeats", "1000", "--steps", "10000", "--burst", "64", "--every", "10000", "--block", "10000"]
+    bounds += ["--stages", "64", "--in-flight", "64", "--device-ms", "0", "--decodes", "1,2048"]
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), *bounds])
+    assert bench_module.parse_args().decodes == [1, 2048]

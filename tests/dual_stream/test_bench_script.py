@@ -73,6 +73,15 @@ def test_bench_command_drives_the_reference_load_and_saves_where_it_reads(bench,
         (["--model", "m", "--split-strategy", "random"], "invalid choice"),
         (["--model", "m", "--balance-threshold", "0"], "must be > 0"),
         ([], "--model"),
+        # each reached vllm serve or vllm bench serve, which refused it (or never finished) minutes later
+        (["--model", "m", "--tp", "1000000"], "--tensor-parallel-size must be in [2, 64], got 1000000"),
+        (["--model", "m", "--port", "70000"], "--port must be in [1, 65535], got 70000"),
+        (["--model", "m", "--input-len", "1000000000000"], "--input-len must be in [1, 33554432]"),
+        (["--model", "m", "--num-prompts", "1000000000000"], "--num-prompts must be in [1, 100000]"),
+        (["--model", "m", "--request-rate", "nan"], "--request-rate must be 'inf' or a number > 0"),
+        (["--model", "m", "--request-rate", "0.001"], "--request-rate 0.001: 400 prompts arrive over 400000 s"),
+        (["--model", "m", "--balance-threshold", "inf"], "--balance-threshold must be a finite number > 0"),
+        (["--model", "m", "--length-threshold", "1000000000000"], "--length-threshold must be in [1, 33554432]"),
     ],
 )
 def test_bad_arguments_are_refused(bench, capsys, argv, message):

@@ -244,6 +244,11 @@ def test_rounds_a_busy_host_slowed_do_not_move_the_figures():
         (["--beta-gbps", "nan"], "argument --beta-gbps: must be a number in [0.01, 10000], got nan"),
         (["--beta-gbps", "0"], "argument --beta-gbps: must be a number in [0.01, 10000], got 0"),
         (["--repeats", "0"], "--repeats: must be > 0"),
+        # bounded: 10**12 rounds, or a timeout of a thousand years, started the ranks for a run that never ends
+        (["--repeats", "1000000000000"], "argument --repeats: must be > 0 and at most 1000, got 1000000000000"),
+        (["--gate-repeats", "1000000000000"], "argument --gate-repeats: must be > 0 and at most 1000, got"),
+        (["--timeout-s", "inf"], "argument --timeout-s: must be > 0 and at most 86400, got inf"),
+        (["--timeout-s", "1e300"], "argument --timeout-s: must be > 0 and at most 86400, got 1e300"),
         (["--beta-gbps", "fast"], "--beta-gbps: must be a number"),
         (["--cases", "prompts:2x2600,prompts:9x9"], "--cases: unknown prompts:9x9; choose from prompts:2x128"),
     ],
@@ -283,6 +288,18 @@ def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, 
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {out}: ") and fault in err and "Traceback" not in err
     assert (tmp_path / "file").read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_a_run_that_fails_to_start_leaves_no_folder_for_its_out(tmp_path, capsys, monkeypatch):
+    """The --out check made the result's folders before the ranks started; a run that failed left them."""
+
+    def ranks_fail(*args, **kwargs):
+        raise RuntimeError("build/vllm_ascend is not assembled; run 'make assemble' first")
+
+    monkeypatch.setattr(command, "run_ranks", ranks_fail)
+    assert command.main(["--quick", "--out", str(tmp_path / "new" / "sub" / "r.json")]) == 2
+    assert "error: build/vllm_ascend is not assembled" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "no folder made for a result never written"
 
 
 @pytest.mark.parametrize(

@@ -239,8 +239,12 @@ def test_bench_takes_a_trace_and_its_load_and_cap():
         (["--trace", f"{MOONCAKE}@0:4", "--load", "1e-300"], "--load must be a number in [0.01, 100]"),
         (["--trace", f"{MOONCAKE}@0:20000"], "COUNT 20000 is more than a run replays (10000 requests at most)"),
         (["--trace", f"{MOONCAKE}@0:4", "--policies", "fixed,upstream"], "the trace mode needs ours"),
-        (["--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"], "--output-cap must be >= 1"),
-        (["--trace", f"{MOONCAKE}@0:4", "--fixed-pick", "-1"], "--fixed-pick must be >= 0"),
+        (["--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"], "--output-cap must be in [1, 33791]"),
+        (["--trace", f"{MOONCAKE}@0:4", "--fixed-pick", "-1"], "--fixed-pick must be in [0, 4]"),
+        # past what the servers and --fixed can mean (each started the servers)
+        (["--trace", f"{MOONCAKE}@0:4", "--output-cap", "1000000000000"], "--output-cap must be in [1, 33791]"),
+        (["--trace", f"{MOONCAKE}@0:4", "--target-tpot-ms", "1e300"], "--target-tpot-ms must be a number of ms > 0"),
+        (["--trace", f"{MOONCAKE}@0:4", "--fixed-pick", "1000000000"], "--fixed-pick must be in [0, 4] (0 serves"),
         (["--report-only"], "--report-only: trace-mode flags; add --trace"),
         (["--load", "0.5", "--keep-profile"], "--load, --keep-profile: trace-mode flags; add --trace"),
         (["--fixed-pick", "0"], "--fixed-pick: trace-mode flags"),
@@ -411,7 +415,10 @@ def test_report_only_without_the_saved_profile_says_so(tmp_path):
     [
         (["--stages", "4", "--trace", f"{MOONCAKE}@42:20"], "--stages 4: the trace mode's servers run 2 stages"),
         (["--stages", "2", "--trace", "nowhere.jsonl@0:4"], "nowhere.jsonl: no such file"),
-        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"], "--output-cap must be >= 1"),
+        (
+            ["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--output-cap", "0"],
+            "--output-cap must be a finite number in [1, 2096896], got 0",
+        ),
     ],
 )
 def test_twin_predict_names_bad_input_without_a_traceback(tmp_path, capsys, argv, says):
@@ -421,3 +428,45 @@ def test_twin_predict_names_bad_input_without_a_traceback(tmp_path, capsys, argv
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert says in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        # each used to start the twin's workers (or fail in them)
+        (["--stages", "0", "--prompts", "1024"], "--stages must be a finite number in [2, 64], got 0"),
+        (["--stages", "1000000", "--prompts", "1024"], "--stages must be a finite number in [2, 64], got 1000000"),
+        (["--stages", "1", "--prompts", "1024", "--policies", "fixed", "--fixed", "512"], None),
+        (["--stages", "2", "--prompts", "1024", "--chunk", "0"], "--chunk 0: a chunk budget must lie in [64, "),
+        (["--stages", "2", "--prompts", "abc"], "--prompts item 'abc': give a whole number > 0"),
+        (["--stages", "2", "--prompts", "1000000000000"], "--prompts must be a finite number in [1, 2096896]"),
+        (["--stages", "2", "--prompts", "1024", "--fixed", "x"], "--fixed item 'x': give a whole number > 0"),
+        (["--stages", "2", "--prompts", "1024", "--fixed", "0"], "--fixed item '0': give a whole number > 0"),
+        (["--stages", "2", "--prompts", "1024", "--fixed", "10"], "--fixed 10: a chunk budget must lie in [64, "),
+        (["--stages", "2", "--prompts", "1024", "--policies", "best"], "--policies 'best': give some of fixed,"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--output-cap", "1000000000000"], "--output-cap must be a"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--target-tpot-ms", "nan"], "--target-tpot-ms must be a"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--target-tpot-ms", "-5"], "--target-tpot-ms must be a"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--load", "1e9"], "--load must be a finite number in [0.01,"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--pace", "1e300"], "--pace must be a finite number in (0,"),
+        (["--stages", "2", "--trace", f"{MOONCAKE}@0:4", "--steps", "/nonexistent"], "--steps /nonexistent: not a"),
+        (["--stages", "2", "--prompts", "1024", "--json", "/proc/out.json"], "--json /proc/out.json: cannot write"),
+    ],
+)
+def test_twin_predict_refuses_bad_input_before_the_twin_runs(tmp_path, capsys, monkeypatch, argv, says):
+    def run_cases(*args, **kwargs):
+        raise AssertionError("the twin's workers were started")
+
+    monkeypatch.setattr(twin_predict.pol, "run_cases", run_cases)
+    out = tmp_path / "out.json"
+    base = ["--surface", "synthetic", "--chunk", "2048", "--json", str(out)]
+    if says is None:  # one stage is fine for fixed chunks alone: the twin runs (here, the stand-in refuses)
+        with pytest.raises(AssertionError, match="workers were started"):
+            twin_predict.main([*base, *argv])
+        return
+    with pytest.raises(SystemExit) as exit_info:
+        twin_predict.main([*base, *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {says}" in err and "Traceback" not in err, err
+    assert not out.exists()

@@ -179,3 +179,16 @@ def test_patchset_version_matches_the_pin():
     pin = Pin.load()
     assert patchset.PATCHSET_VERSION == f"{pin.version}+{pin.local_version}"
     assert patchset.UPSTREAM_VERSION == pin.version
+
+
+@pytest.mark.parametrize("version", ["", "1e9", "../../etc", "latest"])
+def test_check_pin_refuses_a_version_that_is_no_release_before_the_index(monkeypatch, capsys, version):
+    """These went to the package index (or, offline, the cache) before the error said there was no such wheel."""
+
+    def urlopen(*args, **kwargs):
+        raise AssertionError("the index was read")
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    assert main(["check-pin", version]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: check-pin VERSION {version!r}: not a release version; give one such as 0.24.0\n", err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 
 import numpy as np
+import pytest
 from vllm_ascend_patchset.paths import ROOT
 from vllm_ascend_patchset.twin.surface_files import load_surface
 
@@ -29,3 +30,16 @@ def test_every_probe_surface_loads_grows_and_keeps_its_steps(tmp_path, capsys):
     tiles = surfaces["tiles96"]
     step = tiles.time_ms_many(np.array([97.0]), 0.0)[0] - tiles.time_ms_many(np.array([96.0]), 0.0)[0]
     assert step > 2.0
+
+
+def test_an_out_that_cannot_be_a_folder_is_refused_naming_it(tmp_path, capsys):
+    """A file given as --out, or a path under one, ended in a traceback from mkdir."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    for out in (blocker, blocker / "below"):
+        with pytest.raises(SystemExit) as exit_info:
+            probe_surfaces.main(["--out", str(out)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {blocker} is a file, not a folder" in err and "Traceback" not in err, err
+    assert blocker.read_text() == "kept" and sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

@@ -98,6 +98,19 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--surface", "quadratic:5e-324,0,0,0,0"], "a 1-token chunk takes 4.94066e-324 ms on it; every batch"),
         (["--surface", "quadratic:1e-300,0,0,0,0"], "must take at least 0.001 ms (a microsecond)"),
         (["--surface", "quadratic:nan,0,0,0,0"], "must be finite and >= 0"),
+        # ms bounds of a day at most (1e300 was taken, and handed to ours as its target_tpot_ms)
+        (["--slo-ttft-ms", "1e300"], "--slo-ttft-ms must be a finite number in (0, 86400000], got 1e+300"),
+        (["--slo-tpot-ms", "1e300"], "--slo-tpot-ms must be a finite number in (0, 86400000], got 1e+300"),
+        # token counts within the twin's model (each started the workers: min_chunk failed in ours after the
+        # other policies had run, a reference of 1e12 tokens never finished)
+        (["--min-chunk", "1e12"], "--min-chunk must be a finite number in [1, 2097152], got 1000000000000"),
+        (["--output-cap", "1e12"], "--output-cap must be a finite number in [1, 2096896], got 1000000000000"),
+        (["--slo-reference", "1e12"], "--slo-reference must be a finite number in [1, 2096896], got 1000000000000"),
+        (["--stages", "4", "--layers", "1000000000000,1,1,1"], "--layers must be a finite number in [1, 1000], got"),
+        (["--stages", "2", "--layers=-1,1"], "--layers '-1,1': give whole numbers >= 1"),
+        # checked whatever the policies (ignored without a CPP policy, and '' fell back to the default surface)
+        (["--smooth-factor", "5", "--policies", "fixed,tuned"], "--smooth-factor must be in (0, 1], got 5.0"),
+        (["--surface", ""], "--surface '': give a .csv, a profile .json, 'synthetic', quadratic:"),
     ],
 )
 def test_bad_arguments_fail_before_any_worker_naming_the_flag_and_the_fix(argv, message, capsys, no_workers):
@@ -159,6 +172,24 @@ def test_an_unwritable_output_is_refused_before_the_run_and_nothing_is_left(
     assert main(["--surface", "synthetic", option, str(target)]) == 2
     assert f"{option} {target}: {blocker} is a file, not a folder" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+
+
+REFUSED_LATE = [
+    ["--stages", "4", "--layers", "8,8"],
+    ["--stages", "1"],
+    ["--policies", "best"],
+    ["--workload", "long:1e9"],
+]
+
+
+@pytest.mark.parametrize("option", ["--plot", "--log-dir"])
+@pytest.mark.parametrize("refused", REFUSED_LATE)
+def test_a_refused_run_makes_no_output_folder(tmp_path, option, refused, capsys, no_workers):
+    """The folder check made --plot and --log-dir before the later checks refused the run."""
+    target = tmp_path / "new" / "out"
+    assert main(["--surface", "synthetic", option, str(target), *refused]) == 2
+    assert "cpp-twin: error: " in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "the check made no folder"
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

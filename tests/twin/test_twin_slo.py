@@ -99,8 +99,8 @@ def no_workers(monkeypatch):
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be a finite number in (0, inf), got 0.0"),
-        (["--slo-tpot-ms", "nan"], "--slo-tpot-ms must be a finite number in (0, inf), got nan"),
+        (["--slo-ttft-ms", "0"], "--slo-ttft-ms must be a finite number in (0, 86400000], got 0.0"),
+        (["--slo-tpot-ms", "nan"], "--slo-tpot-ms must be a finite number in (0, 86400000], got nan"),
         (["--slo-reference", "0"], "argument --slo-reference: token count '0'"),
         (["--output-cap", "-3"], "argument --output-cap: token count '-3'"),
         (["--load", "0.5,x"], "--load '0.5,x': give numbers in [0.01, 100], comma-separated"),

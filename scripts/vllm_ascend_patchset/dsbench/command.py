@@ -70,14 +70,18 @@ class StopSignals:
             self.signum = signum
 
 
-def _positive(kind):
+MAX_ROUNDS = 1000  # --repeats, --gate-repeats: a round of the full bench takes minutes already
+MAX_TIMEOUT_S = 86_400.0  # --timeout-s: a day; the full bench takes well under an hour
+
+
+def _positive(kind, high: float):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        if not 0 < value <= high:  # NaN fails both
+            raise argparse.ArgumentTypeError(f"must be > 0 and at most {high:g}, got {text}")
         return value
 
     return parse
@@ -133,14 +137,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="what gloo all-reduces on an emulated link: one element per message (the ranks meet; the payload's "
         "transfer is emulated) or the payload itself (gloo's copies then take CPU from the compute threads)",
     )
-    parser.add_argument("--repeats", type=_positive(int), default=3, help="rounds over every batch per preset")
-    parser.add_argument("--gate-repeats", type=_positive(int), default=2, help="the measured gate's probes per class")
+    rounds, seconds = _positive(int, MAX_ROUNDS), _positive(float, MAX_TIMEOUT_S)
+    parser.add_argument("--repeats", type=rounds, default=3, help="rounds over every batch per preset")
+    parser.add_argument("--gate-repeats", type=rounds, default=2, help="the measured gate's probes per class")
     parser.add_argument("--quick", action="store_true", help="small batches only (a smoke run)")
     parser.add_argument(
         "--cases",
         help=f"comma-separated batches to run (default: all), of {', '.join(c.name for c in bench_cases.CASES)}",
     )
-    parser.add_argument("--timeout-s", type=_positive(float), default=3600.0, help="stop the ranks after this long")
+    parser.add_argument("--timeout-s", type=seconds, default=3600.0, help="stop the ranks after this long")
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "bench-ds" / "result.json", help="raw results")
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved --out file; run nothing")
     args = parser.parse_args(argv)
@@ -166,7 +171,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _unwritable(path: Path) -> str | None:
-    """Why ``path`` cannot be written, found by making its folder and a file in it now; or None."""
+    """Why ``path`` cannot be written, found by making a file in its nearest existing folder now; or None.
+    The folders it needs are made when the result is written: a run that fails leaves none."""
     if path.is_dir():
         return "is a folder"
     existing = path.parent
@@ -175,8 +181,7 @@ def _unwritable(path: Path) -> str | None:
     if not existing.is_dir():
         return f"{existing} is not a folder"
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".check"):
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=f".{path.name}.", suffix=".check"):
             pass
     except OSError as error:
         return error.strerror or str(error)

@@ -33,6 +33,8 @@ from .model import TINY_QWEN3, write_tiny_qwen3
 FIDELITY_TOLERANCE = 0.10
 POLICY_KINDS = ("fixed", "upstream", "ours")
 MIXED_RANGE_RATIO = 0.5  # vllm bench serve's --random-range-ratio: lengths up to 1.5x the given ones
+STEP_TIMEOUT_S = 1800  # 'vllm bench serve', and the twin's prediction, each get half an hour
+MAX_RUNS = 1000  # --repeats, --mixed-prompts: at a second or more a request, 1000 already take a quarter of an hour
 
 
 class ArgumentError(ValueError):
@@ -68,7 +70,8 @@ def parse_whole_numbers(text: str, flag: str, low: int, high: int, what: str, ex
     return values
 
 
-def _within(value: int, flag: str, low: int, high: int | None, what: str) -> None:
+def within(value: int, flag: str, low: int, high: int | None, what: str) -> None:
+    """``value`` in [low, high] (``high`` None: no upper bound); else an ``ArgumentError`` naming ``flag``."""
     if value < low or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ArgumentError(f"{flag} must be {bounds} ({what}), got {value}")
@@ -92,17 +95,17 @@ def check_args(args: argparse.Namespace) -> None:
     """Every bench flag, checked before any server starts (a server takes a minute or more to start and
     profile, and a run clears the profile ours saved before); an error names the flag and what to give."""
     most = e2e.MAX_MODEL_LEN
-    _within(args.output_tokens, "--output-tokens", 1, most - 1, "tokens generated per request")
+    within(args.output_tokens, "--output-tokens", 1, most - 1, "tokens generated per request")
     lengths = f"prompt lengths in tokens (with --output-tokens, within the servers' max_model_len {most})"
     parse_whole_numbers(args.prompts, "--prompts", 1, most - args.output_tokens, lengths, "16384,32768")
-    _within(args.repeats, "--repeats", 1, None, "prompts per length and policy")
+    within(args.repeats, "--repeats", 1, MAX_RUNS, "prompts per length and policy")
     chunks = f"chunk budgets: max_num_batched_tokens is at least max_num_seqs ({TWIN_MAX_NUM_SEQS} in the twin)"
     parse_whole_numbers(args.fixed, "--fixed", TWIN_MAX_NUM_SEQS, most, chunks, "512,1024,2048,4096")
-    _within(args.chunk, "--chunk", TWIN_MAX_NUM_SEQS, most, chunks)
+    within(args.chunk, "--chunk", TWIN_MAX_NUM_SEQS, most, chunks)
     wanted_policies(args)
-    _within(args.mixed_prompts, "--mixed-prompts", 1, None, "requests of 'vllm bench serve'")
-    _within(args.mixed_input_len, "--mixed-input-len", 1, None, "prompt tokens of 'vllm bench serve'")
-    _within(args.mixed_output_len, "--mixed-output-len", 1, None, "output tokens of 'vllm bench serve'")
+    within(args.mixed_prompts, "--mixed-prompts", 1, MAX_RUNS, "requests of 'vllm bench serve'")
+    within(args.mixed_input_len, "--mixed-input-len", 1, None, "prompt tokens of 'vllm bench serve'")
+    within(args.mixed_output_len, "--mixed-output-len", 1, None, "output tokens of 'vllm bench serve'")
     longest_mixed = math.floor((args.mixed_input_len + args.mixed_output_len) * (1 + MIXED_RANGE_RATIO))
     if longest_mixed > e2e.MAX_MODEL_LEN:
         raise ArgumentError(
@@ -112,6 +115,13 @@ def check_args(args: argparse.Namespace) -> None:
     if not args.mixed_rate > 0:  # inf is vllm bench serve's "all at once"; nan is refused too
         raise ArgumentError(
             f"--mixed-rate must be > 0 (requests per second; inf sends all at once), got {args.mixed_rate}"
+        )
+    arrivals_s = args.mixed_prompts / args.mixed_rate
+    if arrivals_s > STEP_TIMEOUT_S:
+        raise ArgumentError(
+            f"--mixed-rate {args.mixed_rate:g}: {args.mixed_prompts} requests at {args.mixed_rate:g} a second arrive"
+            f" over {arrivals_s:g} s, more than the {STEP_TIMEOUT_S} s 'vllm bench serve' is given; give a higher"
+            " rate or fewer --mixed-prompts"
         )
     twin = Path(args.twin_python)
     if not (twin.is_file() and os.access(twin, os.X_OK)):
@@ -152,7 +162,7 @@ def mixed_traffic(args: argparse.Namespace, server: e2e.Server, model_dir: Path,
     bench += ["--num-prompts", str(args.mixed_prompts), "--request-rate", str(args.mixed_rate), "--seed", "0"]
     bench += ["--ignore-eos", "--percentile-metrics", "ttft,tpot", "--metric-percentiles", "50"]
     bench += ["--save-result", "--result-dir", str(result.parent), "--result-filename", result.name]
-    subprocess.run(bench, check=True, env=e2e.server_env(), timeout=1800, stdout=subprocess.DEVNULL)
+    subprocess.run(bench, check=True, env=e2e.server_env(), timeout=STEP_TIMEOUT_S, stdout=subprocess.DEVNULL)
     data = json.loads(result.read_text())
     return {k: data.get(k) for k in ("mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms", "completed")}
 
@@ -188,7 +198,7 @@ def twin_prediction(args: argparse.Namespace, profile: Path, prompts: list[int])
     command += ["--fixed", args.fixed, "--chunk", str(args.chunk), "--policies", args.policies]
     command += ["--json", str(out)]
     env = {**e2e.server_env(), "PYTHONPATH": str(e2e.SCRIPTS_DIR)}
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, timeout=1800)
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S)
     return {name: {int(k): v for k, v in by_len.items()} for name, by_len in json.loads(out.read_text()).items()}
 
 

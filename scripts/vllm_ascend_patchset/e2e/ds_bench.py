@@ -12,9 +12,38 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..dsbench.command import ALPHA_US_RANGE, BETA_GBPS_RANGE
 from . import servers as e2e
+from .bench import MAX_RUNS, ArgumentError, within
 from .ds_smoke import complete_batch, read_reports, serve_command, server_env
 from .model import TINY_QWEN3, write_tiny_qwen3
+
+MODEL_LEN_SLACK = 64  # max_model_len beyond --prompt-tokens
+
+
+def check_args(args: Any) -> None:
+    """Every flag checked before a server starts; an ``ArgumentError`` names the flag and what to give."""
+    within(args.repeats, "--repeats", 1, MAX_RUNS, "timed rounds per server")
+    most = e2e.MAX_NUM_SEQS  # every prompt of a round in one batch
+    if not (2 <= args.prompts <= most and args.prompts % 2 == 0):
+        raise ArgumentError(
+            f"--prompts must be an even number in [2, {most}] (two micro-batches of whole prompts, in one batch"
+            f" of the servers' max_num_seqs {most}), got {args.prompts}"
+        )
+    longest = TINY_QWEN3["max_position_embeddings"] - MODEL_LEN_SLACK
+    within(args.prompt_tokens, "--prompt-tokens", 1, longest, "tokens a prompt, within the model's positions")
+    budget = args.prompts * args.prompt_tokens
+    if budget < most:
+        raise ArgumentError(
+            f"--prompts {args.prompts} x --prompt-tokens {args.prompt_tokens}: the batch's {budget} tokens are the"
+            f" servers' max_num_batched_tokens, which vLLM needs >= max_num_seqs ({most}); give longer prompts"
+        )
+    for flag, value, (low, high), unit in (
+        ("--alpha-us", args.alpha_us, ALPHA_US_RANGE, "us per message"),
+        ("--beta-gbps", args.beta_gbps, BETA_GBPS_RANGE, "GB/s"),
+    ):
+        if not low <= value <= high:  # NaN fails both
+            raise ArgumentError(f"{flag} must be a number in [{low:g}, {high:g}] ({unit}, as bench-ds), got {value}")
 
 
 def run(args: Any) -> int:
@@ -58,7 +87,7 @@ def run(args: Any) -> int:
 
 def _bench_command(model_dir: Path, on: bool, work: Path, budget: int, prompt_tokens: int, port: int) -> list[str]:
     return serve_command(model_dir, port, 2, 1, on, None, work / "cache", budget=budget,
-                         length_threshold=prompt_tokens, max_model_len=prompt_tokens + 64)  # fmt: skip
+                         length_threshold=prompt_tokens, max_model_len=prompt_tokens + MODEL_LEN_SLACK)  # fmt: skip
 
 
 def _bench_prompts(args: Any, round_index: int) -> list[list[int]]:

@@ -63,7 +63,8 @@ def serve_command(model_dir: Path, port: int, tp: int, pp: int, dual_stream: boo
     command += [str(model_dir), "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-qwen3"]
     command += ["--tensor-parallel-size", str(tp), "--pipeline-parallel-size", str(pp), "--enable-chunked-prefill"]
     command += ["--max-num-batched-tokens", str(budget), "--max-model-len", str(max_model_len)]
-    command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
+    command += ["--max-num-seqs", str(e2e.MAX_NUM_SEQS), "--enforce-eager", "--no-async-scheduling"]
+    command += ["--disable-log-stats"]
     command += ["--shutdown-timeout", str(e2e.SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     dual = {"enabled": dual_stream, "length_threshold": length_threshold, "cache_dir": str(cache_dir / "ds")}

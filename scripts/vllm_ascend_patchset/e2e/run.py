@@ -40,8 +40,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """The command's flags, before any server starts; an ``ArgumentError`` names the bad one. Trace-mode
+    flags without ``--trace`` are refused, not ignored."""
+    if args.command in ("smoke", "uneven"):
+        smoke.check_args(args)
+    elif args.command == "ds-smoke":
+        cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+        unknown = [c for c in cases if c not in ds_smoke.CASES]
+        if unknown or not cases:
+            what = f"unknown {unknown}" if unknown else "none given"
+            raise bench.ArgumentError(f"--cases {args.cases!r}: {what}; choose from {', '.join(ds_smoke.CASES)}")
+    elif args.command == "ds-bench":
+        ds_bench.check_args(args)
+    else:
+        bench.check_args(args)
+        trace_args.check_trace_args(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        check_args(args)
+    except bench.ArgumentError as error:
+        print(f"{args.command}: error: {error}", file=sys.stderr)
+        return 2
     if args.command == "smoke":
         return smoke.smoke(args)
     if args.command == "uneven":
@@ -50,12 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         return ds_smoke.smoke([c.strip() for c in args.cases.split(",") if c.strip()])
     if args.command == "ds-bench":
         return ds_bench.run(args)
-    try:  # before any server starts; trace-mode flags without --trace are refused, not ignored
-        bench.check_args(args)
-        trace_args.check_trace_args(args)
-    except bench.ArgumentError as error:
-        print(f"bench: error: {error}", file=sys.stderr)
-        return 2
     return trace_replay.run(args) if args.trace else bench.run(args)
 
 

@@ -33,6 +33,7 @@ import serve_ab  # noqa: E402  (scripts/bench: start, wait for /health, stop a s
 E2E_CACHE = Path(os.environ.get("E2E_CACHE", DEFAULT_CACHE / "e2e"))
 PIPELINE_STAGES = 2
 MAX_MODEL_LEN = 33792  # a 32k prompt plus its output
+MAX_NUM_SEQS = 16  # every server's: vLLM needs max_num_batched_tokens >= it
 READY_TIMEOUT_S = 900.0
 REQUEST_TIMEOUT_S = 600.0
 STOP_GRACE_S = 60.0
@@ -89,7 +90,7 @@ def serve_command(
     command += ["--pipeline-parallel-size", str(PIPELINE_STAGES), "--enable-chunked-prefill"]
     command += ["--max-num-batched-tokens", str(policy.max_num_batched_tokens)]
     command += ["--max-model-len", str(max_model_len)]
-    command += ["--max-num-seqs", "16", "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
+    command += ["--max-num-seqs", str(MAX_NUM_SEQS), "--enforce-eager", "--no-async-scheduling", "--disable-log-stats"]
     command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     command += ["--dtype", "float32"]  # bfloat16 has no native kernels on an AVX2-only CPU
     # Every server gets the worker extension: its clock runs only on steps a scheduler marks (step_log).

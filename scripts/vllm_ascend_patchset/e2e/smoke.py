@@ -15,10 +15,14 @@ import statistics
 import sys
 import time
 
+from .bench import ArgumentError, parse_whole_numbers, within
 from .model import TINY_QWEN3, write_tiny_qwen3
 from .servers import (
     CPP_LOG_MARK,
     E2E_CACHE,
+    MAX_MODEL_LEN,
+    MAX_NUM_SEQS,
+    PIPELINE_STAGES,
     WORKER_PROFILE_MARK,
     Server,
     complete,
@@ -31,8 +35,28 @@ from .servers import (
 # 13 sizes, so 16 points profile the same runs as the bench's 32 (docs/e2e.md).
 SMOKE_PROFILE_POINTS = 16
 SMOKE_CONTEXT_SLACK = 1024  # context beyond the prompt: the profile's history range is what the smoke serves
+OUTPUT_TOKENS = 4  # tokens each prompt of the smoke and the uneven check generates
 TIMED_STEP_RE = re.compile(r"\[CPP\] batch of \d+ requests, (\d+) tokens: predicted ([\d.]+) ms, measured ([\d.]+) ms")
 PROFILE_RUN_RE = re.compile(r"start-up profiling run: (\d+) tokens after (\d+), ([\d.]+) ms \(rank (\d+)\)")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """``smoke`` and ``uneven``: every flag checked before the server starts (vLLM takes a minute to refuse a
+    bad one, or serves a prompt for hours); an ``ArgumentError`` names the flag and what to give."""
+    chunks = f"max_num_batched_tokens, at least the server's max_num_seqs ({MAX_NUM_SEQS})"
+    within(args.chunk, "--chunk", MAX_NUM_SEQS, MAX_MODEL_LEN, chunks)
+    if args.command == "smoke":  # its max_model_len is the prompt and the slack, within the model's positions
+        longest = TINY_QWEN3["max_position_embeddings"] - SMOKE_CONTEXT_SLACK
+        within(args.prompt_tokens, "--prompt-tokens", 1, longest, "tokens, with the profile's slack within the model")
+        return
+    within(args.prompt_tokens, "--prompt-tokens", 1, MAX_MODEL_LEN - OUTPUT_TOKENS, "tokens, within max_model_len")
+    total = TINY_QWEN3["num_hidden_layers"]
+    layers = parse_whole_numbers(args.layers, "--layers", 1, total - 1, "layers per stage", "3,1")
+    if len(layers) != PIPELINE_STAGES or sum(layers) != total:
+        raise ArgumentError(
+            f"--layers {args.layers}: one count per stage ({PIPELINE_STAGES} stages) adding up to the model's"
+            f" {total} layers (VLLM_PP_LAYER_PARTITION), e.g. 3,1"
+        )
 
 
 def smoke(args: argparse.Namespace) -> int:
@@ -52,7 +76,8 @@ def smoke(args: argparse.Namespace) -> int:
                 log = server.log_text()
                 source = profile_source(log)
                 worker_runs = log.count(WORKER_PROFILE_MARK)
-                result = complete(server.port, prompt_ids(args.prompt_tokens, attempt, TINY_QWEN3["vocab_size"]), 4)
+                ids = prompt_ids(args.prompt_tokens, attempt, TINY_QWEN3["vocab_size"])
+                result = complete(server.port, ids, OUTPUT_TOKENS)
                 print(
                     f"smoke {attempt}: ready in {server.ready_s:.0f} s; latency model from {source}; "
                     f"workers logged {worker_runs} profiling runs; {args.prompt_tokens}-token prompt: "
@@ -94,7 +119,7 @@ def uneven_stages(args: argparse.Namespace) -> int:
     server = Server(ours(args.chunk), model_dir, work / "server.log", work / "profiles", extra_env)
     try:
         with server:
-            result = complete(server.port, prompt_ids(args.prompt_tokens, 0, TINY_QWEN3["vocab_size"]), 4)
+            result = complete(server.port, prompt_ids(args.prompt_tokens, 0, TINY_QWEN3["vocab_size"]), OUTPUT_TOKENS)
     except Exception as error:
         print(f"uneven: FAIL {type(error).__name__}: {error}\n{server.log_tail()}", file=sys.stderr)
         return 1

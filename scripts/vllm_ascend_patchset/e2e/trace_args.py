@@ -11,9 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..twin.options import MAX_LOAD, MAX_REQUESTS, MIN_LOAD
+from ..twin.options import MAX_LOAD, MAX_REQUESTS, MAX_SLO_MS, MIN_LOAD
 from ..twin.traces import parse_trace_item, read_slice
-from .bench import ArgumentError
+from . import servers
+from .bench import ArgumentError, within
 
 DEFAULT_COUNT = 20  # requests of a slice given without COUNT
 TRACE_DEFAULTS = {"load": 0.8, "output_cap": 64, "fixed_pick": 1}  # the trace mode's own flags, when not given
@@ -82,13 +83,16 @@ def check_trace_args(args: argparse.Namespace) -> None:
             f"--load must be a number in [{MIN_LOAD:g}, {MAX_LOAD:g}] (a share of the pipeline's prefill capacity,"
             f" as the twin's --load), got {args.load}"
         )
-    if args.output_cap < 1:
-        raise ArgumentError(f"--output-cap must be >= 1 (output tokens a request may generate), got {args.output_cap}")
+    longest = f"output tokens a request may generate, within the servers' max_model_len {servers.MAX_MODEL_LEN}"
+    within(args.output_cap, "--output-cap", 1, servers.MAX_MODEL_LEN - 1, longest)
     target = args.target_tpot_ms
-    if target is not None and not (math.isfinite(target) and target > 0):
-        raise ArgumentError(f"--target-tpot-ms must be a number of ms > 0 (ours' target_tpot_ms), got {target}")
-    if args.fixed_pick < 0:
-        raise ArgumentError(f"--fixed-pick must be >= 0 (0 serves every chunk of --fixed), got {args.fixed_pick}")
+    if target is not None and not (math.isfinite(target) and 0 < target <= MAX_SLO_MS):
+        raise ArgumentError(
+            f"--target-tpot-ms must be a number of ms > 0 and at most a day, {MAX_SLO_MS:.0f} (ours' target_tpot_ms),"
+            f" got {target}"
+        )
+    chunks = len([c for c in args.fixed.split(",") if c.strip()])  # (checked by bench.check_args)
+    within(args.fixed_pick, "--fixed-pick", 0, chunks, "0 serves every chunk of --fixed; at most as many as it names")
     if not args.report_only and "ours" not in {w.strip() for w in args.policies.split(",")}:
         raise ArgumentError("--policies: the trace mode needs ours: its profile sets the arrivals and the twin")
     try:

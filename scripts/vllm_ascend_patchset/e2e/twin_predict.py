@@ -39,6 +39,18 @@ import tempfile
 from pathlib import Path
 
 from ..twin import policies as pol
+from ..twin.command import check_writable
+from ..twin.options import (
+    LONGEST_REQUEST_TOKENS,
+    MAX_LOAD,
+    MAX_SLO_MS,
+    MAX_STAGES,
+    MIN_LOAD,
+    check_chunk,
+    check_number,
+    parse_chunks,
+    parse_tokens,
+)
 from ..twin.report import figures_from_result
 from ..twin.slo import default_slo
 from ..twin.surface import Surface, batch_ms
@@ -214,20 +226,47 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+MAX_PACE = 1000.0  # --pace: a device a thousand times slower than its profile is no longer the same machine
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Every flag, before the twin's workers start; a ValueError names the flag and what to give."""
+    if args.trace and args.stages != servers.PIPELINE_STAGES:
+        raise ValueError(f"--stages {args.stages}: the trace mode's servers run {servers.PIPELINE_STAGES} stages")
+    wanted = {w.strip() for w in args.policies.split(",") if w.strip()}
+    if not wanted or wanted - {"fixed", "upstream", "ours"}:
+        raise ValueError(f"--policies {args.policies!r}: give some of fixed,upstream,ours, comma-separated")
+    cpp = wanted & {"upstream", "ours"}
+    check_number(args.stages, "--stages", 2 if cpp else 1, MAX_STAGES, why="CPP (upstream, ours) needs P >= 2")
+    check_chunk(args.chunk, "--chunk")
+    if args.fixed.strip():
+        parse_chunks(args.fixed, "--fixed")
+    longest = f"tokens; the twin's model takes requests of at most {LONGEST_REQUEST_TOKENS}"
+    for item in (v for v in args.prompts.split(",") if v.strip()):
+        check_number(parse_tokens(item, "--prompts item"), "--prompts", 1, LONGEST_REQUEST_TOKENS, why=longest)
+    check_number(args.load, "--load", MIN_LOAD, MAX_LOAD, why="a share of the pipeline's prefill capacity")
+    if args.output_cap is not None:
+        check_number(args.output_cap, "--output-cap", 1, LONGEST_REQUEST_TOKENS, why=longest)
+    if args.target_tpot_ms is not None:
+        check_number(args.target_tpot_ms, "--target-tpot-ms", 0, MAX_SLO_MS, low_open=True, why="ms; a day at most")
+    check_number(args.pace, "--pace", 0, MAX_PACE, low_open=True, why="the device's times over the profile's")
+    if args.steps is not None and not args.steps.is_file():
+        raise ValueError(f"--steps {args.steps}: not a file; give the JSON of the servers' timed steps")
+    check_writable(args.json, "--json", folder=False)  # written once the twin has run
+
+
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.trace and args.stages != servers.PIPELINE_STAGES:
-        p.error(f"--stages {args.stages}: the trace mode's servers run {servers.PIPELINE_STAGES} stages")
-    if args.output_cap is not None and args.output_cap < 1:
-        p.error(f"--output-cap must be >= 1, got {args.output_cap}")
     try:
+        check_args(args)
         return _run(args, p)
     except (ValueError, OSError) as error:  # bad input: named, without a traceback
         p.exit(2, f"{p.prog}: error: {error}\n")
 
 
 def _run(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    args.json.parent.mkdir(parents=True, exist_ok=True)  # (checked writable: made only for a run that goes ahead)
     if args.trace and args.workload_only:
         workload = build_replay(args.surface, args.trace, args.load, args.output_cap, args.chunk)
         slo = default_slo(load_surface(args.surface), args.stages)

@@ -27,13 +27,14 @@ from .optimum import Optimum, optimum
 from .options import (
     MAX_NOISE,
     MAX_STAGES,
+    TINY_MODEL_MAX_POSITIONS,
     add_workload_arguments,
     build_workloads,
     check_chunk,
     check_noise,
     check_number,
     parse_chunks,
-    parse_counts,
+    parse_layers,
     parse_smooth_factors,
     parse_stages,
     slo_for,
@@ -44,21 +45,17 @@ from .report import Figures, all_figures, figures_from_result, format_table, run
 from .surface_files import load_surface
 
 
-def _check_writable(path: Path, option: str, *, folder: bool) -> None:
-    """Fail now, not after the run, when an output cannot be written; leave no file behind."""
+def check_writable(path: Path, option: str, *, folder: bool) -> None:
+    """Fail now, not after the run, when an output cannot be written; leave no file or folder behind."""
     nearest = next((parent for parent in (path if folder else path.parent, *path.parents) if parent.exists()), None)
     if nearest is not None and not nearest.is_dir():
         raise ValueError(f"{option} {path}: {nearest} is a file, not a folder; give a path in a folder")
     try:
-        if folder:
-            path.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=path).close()
-        else:
-            if path.exists() and not path.is_file():
-                raise ValueError(f"{option} {path}: not a regular file; give a file path for the JSON")
-            # Where the folders to make would go; they are made when the figures are written, so a
-            # run refused later leaves none behind.
-            tempfile.NamedTemporaryFile(dir=nearest or Path.cwd(), prefix=f".{path.name}.", suffix=".tmp").close()
+        if not folder and path.exists() and not path.is_file():
+            raise ValueError(f"{option} {path}: not a regular file; give a file path for the JSON")
+        # Where the folders to make would go; they are made when the outputs are written (the plots, the
+        # workers' logs, the figures), so a run refused later leaves none behind.
+        tempfile.NamedTemporaryFile(dir=nearest or Path.cwd(), prefix=f".{path.name}.", suffix=".tmp").close()
     except OSError as exc:
         raise ValueError(f"{option} {path}: cannot write there ({exc.strerror or exc}); give a writable path") from None
 
@@ -84,10 +81,25 @@ def _write_json(path: Path, dump: list) -> bool:
 
 def validate_args(args: argparse.Namespace) -> None:
     """Every option checked before a worker starts; an error names the option and what to give."""
+    if args.surface is not None and not args.surface.strip():
+        raise ValueError("--surface '': give a .csv, a profile .json, 'synthetic', quadratic:C0,...,C4 or leave it out")
     check_chunk(args.chunk, "--chunk")
+    if args.smooth_factor is not None and not 0 < args.smooth_factor <= 1:  # (NaN too) whatever the policies
+        raise ValueError(f"--smooth-factor must be in (0, 1], got {args.smooth_factor}")
     check_noise(args.noise)
     check_number(args.drift, "--drift", 0.0, 0.99)
     validate_workload_args(args)
+    if args.min_chunk is not None:
+        why = "tokens; above --chunk CPP clamps it to --chunk, and no chunk of the twin's is longer"
+        check_number(args.min_chunk, "--min-chunk", 1, TINY_MODEL_MAX_POSITIONS, why=why)
+    stage_counts = parse_stages(args.stages)
+    if min(stage_counts) < 2 and policy_names(args) & {"ours", "upstream"}:
+        raise ValueError(
+            f"--stages {args.stages}: CPP (ours, upstream) needs pipeline parallelism, P >= 2;"
+            " give --stages 2 or more, or --policies fixed,tuned"
+        )
+    if args.layers:
+        parse_layers(args.layers, args.stages)
     if args.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.sweep is not None:
@@ -98,11 +110,14 @@ def validate_args(args: argparse.Namespace) -> None:
         parse_smooth_factors(args.tune_smooth_factors, "--tune-smooth-factors")
     if not policy_names(args):
         raise ValueError(f"--policies {args.policies!r}: give at least one of fixed,tuned,upstream,ours")
+    unknown = policy_names(args) - {"fixed", "tuned", "upstream", "ours"}
+    if unknown:
+        raise ValueError(f"--policies: unknown {sorted(unknown)}; choose from fixed,tuned,upstream,ours")
     for path, option in ((args.plot, "--plot"), (args.log_dir, "--log-dir")):
         if path is not None:
-            _check_writable(path, option, folder=True)
+            check_writable(path, option, folder=True)
     if args.json is not None:
-        _check_writable(args.json, "--json", folder=False)
+        check_writable(args.json, "--json", folder=False)
 
 
 def default_surface() -> str:
@@ -279,14 +294,7 @@ def _run(args: argparse.Namespace) -> int:
     surface = load_surface(surface_spec)
     stage_counts = parse_stages(args.stages)
     wanted = policy_names(args)
-    if min(stage_counts) < 2 and wanted & {"ours", "upstream"}:
-        raise ValueError(
-            f"--stages {args.stages}: CPP (ours, upstream) needs pipeline parallelism, P >= 2;"
-            " give --stages 2 or more, or --policies fixed,tuned"
-        )
-    layers = tuple(parse_counts(args.layers, "--layers")) if args.layers else None
-    if layers and (any(p != len(layers) for p in stage_counts) or min(layers) <= 0):
-        raise ValueError(f"--layers {args.layers}: give one positive layer count per stage for --stages {args.stages}")
+    layers = parse_layers(args.layers, args.stages) if args.layers else None
     print(f"surface: {surface.describe()}")
     if args.tune:
         from .tune import run_tune

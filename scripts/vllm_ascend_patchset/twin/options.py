@@ -38,6 +38,8 @@ MIN_LOAD = 0.01  # offered prefill load, a fraction of capacity: at 1% requests 
 # are those of any lower load), and far lower the arrivals grow so large that a step's ms is lost beside them
 MAX_LOAD = 100.0  # at 100x capacity every request queues behind all earlier ones: a burst a higher load only
 # compresses
+MAX_SLO_MS = 86_400_000.0  # --slo-*-ms: a day; a bound past it admits every request a run can serve
+MAX_STAGE_LAYERS = 1000  # --layers, one stage's layers: whole models have some 30 to 130; only the shares count
 
 
 def parse_tokens(text: str, what: str = "token count") -> int:
@@ -68,8 +70,13 @@ def check_number(
     the interval and, with ``why``, the reason for it."""
     inside = math.isfinite(value) and (low < value if low_open else low <= value) and value <= high
     if not inside:
-        interval = f"{'(' if low_open else '['}{low:g}, {'inf)' if high == math.inf else f'{high:g}]'}"
+        interval = f"{'(' if low_open else '['}{_bound(low)}, {'inf)' if high == math.inf else f'{_bound(high)}]'}"
         raise ValueError(f"{option} must be a finite number in {interval}, got {value}" + (f" ({why})" if why else ""))
+
+
+def _bound(value: float) -> str:
+    """A bound as given: a whole number in full (2097152, not 2.09715e+06), else ``g``."""
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else f"{value:g}"
 
 
 def parse_counts(text: str, option: str) -> list[int]:
@@ -92,6 +99,28 @@ def parse_stages(text: str) -> list[int]:
             f" past {MAX_STAGES} a stage holds one or two layers of any model)"
         )
     return counts
+
+
+def parse_seeds(text: str, option: str) -> list[int]:
+    """``0,1,2`` -> seeds: whole numbers >= 0."""
+    try:
+        seeds = [int(v) for v in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise ValueError(f"{option} {text!r}: give whole numbers >= 0, comma-separated (e.g. 0,1,2)")
+    return seeds
+
+
+def parse_layers(text: str, stages: str) -> tuple[int, ...]:
+    """``--layers``: one count per stage of every ``--stages`` value, each in [1, MAX_STAGE_LAYERS]."""
+    layers = tuple(parse_counts(text, "--layers"))
+    if any(p != len(layers) for p in parse_stages(stages)):
+        raise ValueError(f"--layers {text}: give one positive layer count per stage for --stages {stages}")
+    why = "layers of one stage; only each stage's share of the layers counts"
+    for count in layers:
+        check_number(count, "--layers", 1, MAX_STAGE_LAYERS, why=why)
+    return layers
 
 
 def check_noise(sigma: float) -> None:
@@ -129,17 +158,17 @@ def parse_smooth_factors(text: str, option: str) -> list[float]:
     return factors
 
 
-def parse_loads(text: str) -> list[float]:
+def parse_loads(text: str, option: str = "--load") -> list[float]:
     """``0.5,0.8`` -> offered loads, each in [MIN_LOAD, MAX_LOAD]."""
     try:
         loads = [float(v) for v in text.split(",")]
     except ValueError:
         raise ValueError(
-            f"--load {text!r}: give numbers in [{MIN_LOAD:g}, {MAX_LOAD:g}], comma-separated (e.g. 0.5,0.8,0.95)"
+            f"{option} {text!r}: give numbers in [{MIN_LOAD:g}, {MAX_LOAD:g}], comma-separated (e.g. 0.5,0.8,0.95)"
         ) from None
     why = "a fraction of the pipeline's prefill capacity; at 0.01 requests already run alone, 100 is a burst"
     for load in loads:
-        check_number(load, "--load", MIN_LOAD, MAX_LOAD, why=why)
+        check_number(load, option, MIN_LOAD, MAX_LOAD, why=why)
     return loads
 
 
@@ -176,7 +205,11 @@ def validate_workload_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--requests must be in [1, {MAX_REQUESTS}], got {args.requests} ({REQUESTS_WHY})")
     for value, option in ((args.slo_ttft_ms, "--slo-ttft-ms"), (args.slo_tpot_ms, "--slo-tpot-ms")):
         if value is not None:
-            check_number(value, option, 0.0, low_open=True)
+            check_number(value, option, 0.0, MAX_SLO_MS, low_open=True, why="ms; a day at most")
+    longest = f"tokens; the twin's model takes requests of at most {LONGEST_REQUEST_TOKENS} (prompt + output)"
+    if args.output_cap is not None:
+        check_number(args.output_cap, "--output-cap", 1, LONGEST_REQUEST_TOKENS, why=longest)
+    check_number(args.slo_reference, "--slo-reference", 1, LONGEST_REQUEST_TOKENS, why=longest)
 
 
 def slo_for(args: argparse.Namespace, surface: Surface, num_stages: int) -> Slo:

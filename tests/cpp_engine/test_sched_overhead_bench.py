@@ -45,9 +45,13 @@ def test_replay_makes_cpps_batches_in_every_step(tmp_path):
     assert len(pieces) == 8 and all(float(us) > 0 for us in pieces.values()), run.stdout  # every timer ran
     rows = json.loads(out.read_text())["rows"]
     assert [(r["decodes"], r["arrivals"], r["decode_only"]) for r in rows] == [(8, True, False), (8, False, True)]
-    for row in rows:
-        assert row["added_us_per_step"] == pytest.approx(float(row["added_us_per_step"]))
-        assert row["vs_same_batch"] > 0 and row["vs_identity"] > 0
+    table = run.stdout.rsplit("steps with a set change", 1)[1].split("\n")[1:3]  # the closing table's two rows
+    for row, line in zip(rows, table, strict=True):
+        printed = line.split()
+        assert printed[:2] == [str(row["decodes"]), "yes" if row["arrivals"] else "no"], line
+        assert float(printed[2]) == pytest.approx(row["added_us_per_step"], abs=0.051)  # the JSON is the table
+        assert float(printed[3]) == pytest.approx(row["vs_same_batch"], abs=5e-4) and row["vs_same_batch"] > 0
+        assert float(printed[4]) == pytest.approx(row["vs_identity"], abs=5e-4) and row["vs_identity"] > 0
     assert rows[0]["set_changed_share"] > 0 and rows[1]["set_changed_share"] == 0  # arrivals change the set
 
 

@@ -6,6 +6,7 @@ would take on a large model, so the lines are checked without waiting for them.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -131,3 +132,24 @@ def test_a_refused_profile_names_its_time_in_the_reason_the_warning_shows(clock,
     assert result.verdict.model is None and "no usable profile" in result.verdict.reason
     total = cpp_profiling._duration(RUN_S * device.runs)
     assert result.verdict.reason.endswith(f"; profiled: {device.runs - 2} runs after 2 warm-up in {total}")
+
+
+def test_runs_made_to_measure_a_fall_again_are_counted_in_a_failures_message(clock, caplog, monkeypatch):
+    """The verdict asks for two points again (a fall it doubts): those runs are counted like the plan's, so a
+    worker that fails among them is reported with every run made."""
+    config = CppConfig(cache_dir="", profile_points=10, profile_repeats=2, profile_history_points=2)
+    planned, judge = len(plan_of(config)), cpp_profiling.judge
+    asked = [(BASE_CHUNK_TOKENS, 0), (BASE_CHUNK_TOKENS // 2, 0)]
+    verdicts = iter([lambda v: dataclasses.replace(v, remeasure=tuple(asked))])
+    monkeypatch.setattr(cpp_profiling, "judge", lambda *a, **k: next(verdicts, lambda v: v)(judge(*a, **k)))
+    device = SlowDevice(clock, run_s=0.001)
+
+    def failing_on_the_second_run_asked_again(chunk_tokens, history_tokens):
+        if device.runs == cpp_profiling.WARMUP_RUNS + planned + 1:
+            raise RuntimeError("worker lost")
+        return device(chunk_tokens, history_tokens)
+
+    result, lines = start(failing_on_the_second_run_asked_again, caplog, config)
+    assert any("measured again" in line for line in lines), lines
+    assert result.verdict.model is None and "worker lost" in result.verdict.reason
+    assert f"; {planned + 1} runs in " in result.verdict.reason, result.verdict.reason

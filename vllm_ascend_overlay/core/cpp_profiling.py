@@ -294,8 +294,8 @@ def initialise_profile(
                 remeasure_budget=budget,
             )  # fmt: skip
             if not verdict.noisy and verdict.model is not None and verdict.remeasure:
-                verdict = _remeasured(verdict, samples, measure, limits, num_stages, max_history_tokens, last_round)
                 budget -= len(verdict.remeasure)
+                verdict = _remeasured(verdict, samples, counted, limits, num_stages, max_history_tokens, last_round)
         except Exception as error:  # a worker failed or timed out: degrade, never take the server down
             failed = f"{type(error).__name__}: {error}; {progress.done} runs in {progress.elapsed()}"
             return _no_model(f"start-up profiling failed ({failed})")
@@ -307,7 +307,7 @@ def initialise_profile(
             len(plan), progress.done, progress.planned, progress.elapsed(), verdict.reason,
         )  # fmt: skip
     try:
-        located = locate_runs(measure, verdict.model, config.profile_repeats, budget) if verdict.model else []
+        located = locate_runs(counted, verdict.model, config.profile_repeats, budget) if verdict.model else []
     except Exception as error:  # as above
         return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
     if located:
@@ -331,9 +331,9 @@ def _remeasured(
     verdict: Verdict, samples: list, measure: MeasureFn, limits: ChunkLimits, num_stages: int, max_history: int,
     last_round: bool,
 ) -> Verdict:  # fmt: skip
-    """The verdict once the points of the falls it doubts are measured again (added to ``samples``), with
-    those runs as its ``remeasure``. A fall that then does not repeat was noise on this host: before the
-    last round, the profile is too noisy to decide on (the runs around it may be off too, unseen)."""
+    """The verdict once the points of the falls it doubts are measured again (added to ``samples``). A fall
+    that then does not repeat was noise on this host: before the last round, the profile is too noisy to
+    decide on (the runs around it may be off too, unseen)."""
     asked = verdict.remeasure
     logger.info(
         "[CPP] start-up profile: %d point(s) where time fell as the chunk or history grew, measured again",
@@ -344,7 +344,7 @@ def _remeasured(
     noise = again.model is not None and not set(asked) <= set(again.model.odd_points)
     if noise and not last_round and not again.noisy:
         again = replace(again, noisy=True, reason=f"a fall beyond the noise did not repeat ({again.reason})")
-    return replace(again, remeasure=asked)
+    return again
 
 
 def wrap_engine_core_init(engine_core_cls: type) -> bool:

@@ -41,7 +41,7 @@ from vllm_ascend.core.cpp_calibration import OnlineCalibration
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 from vllm_ascend.core.cpp_planner import plan_target
-from vllm_ascend.core.cpp_running import ReservedDecodes
+from vllm_ascend.core.cpp_running import ReservedDecodes, charged_of
 from vllm_ascend.core.cpp_step_budget import StepBudget
 from vllm_ascend.core.cpp_traffic import Load, Traffic
 from vllm_ascend.log_adapter import get_logger
@@ -153,9 +153,7 @@ class CppBatch:
     @property
     def charged(self) -> dict[str, tuple[int, int, float]]:
         """Every request of the step, reserved decodes first: request -> chunk_tokens, history_tokens, ms."""
-        if self.reserved is None:
-            return dict(self.individually)
-        return {**dict(self.reserved.items()), **self.individually}
+        return charged_of(self.reserved, self.individually)
 
     @property
     def pairs(self) -> tuple[tuple[int, int], ...]:

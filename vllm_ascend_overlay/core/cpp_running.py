@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ReservedDecodes", "RunningState", "decode_new_tokens"]
+__all__ = ["ReservedDecodes", "RunningState", "charged_of", "decode_new_tokens"]
 
 MAX_PENDING_OUTPUTS = 64  # outputs whose decodes wait for them; more means outputs were dropped (then: rebuild)
 
@@ -101,6 +101,13 @@ class ReservedDecodes:
         columns = (self.ids, self._new_tokens(), self.histories, self.costs)
         rows = zip(*(column.tolist() for column in columns), strict=True)
         return ((r, (n, h, c)) for r, n, h, c in rows if r not in self.dropped)
+
+
+def charged_of(
+    reserved: ReservedDecodes | None, individually: dict[str, tuple[int, int, float]]
+) -> dict[str, tuple[int, int, float]]:
+    """Every request of a step, reserved decodes first: request -> chunk_tokens, history_tokens, ms (built)."""
+    return dict(individually) if reserved is None else {**dict(reserved.items()), **individually}
 
 
 class RunningState:

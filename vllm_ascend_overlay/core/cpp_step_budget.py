@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, Plan
-from vllm_ascend.core.cpp_running import ReservedDecodes
+from vllm_ascend.core.cpp_running import ReservedDecodes, charged_of
 
 __all__ = ["PASS_OVER", "PASS_OVER_LIMIT", "StepBudget"]
 
@@ -131,9 +131,7 @@ class StepBudget:
     @property
     def charged(self) -> dict[str, tuple[int, int, float]]:
         """Every request charged in this step, reserved decodes first: request -> chunk, history, ms (built)."""
-        if self.reserved is None:
-            return dict(self.individually)
-        return {**dict(self.reserved.items()), **self.individually}
+        return charged_of(self.reserved, self.individually)
 
     @property
     def any_charged(self) -> bool:
@@ -216,14 +214,11 @@ class StepBudget:
             (not started, remaining / (remaining + (max(0.0, waited_s) + step_s) * tokens_per_s), remaining, index)
             for index, (_, _, remaining, waited_s, started) in enumerate(prefills)
         )
-        batch_tokens = self.plan.batch_tokens
         for *_, index in order:
             request_id, history_tokens, remaining_tokens, _, _ = prefills[index]
             allowed_tokens = int(max(0, min(remaining_tokens, request_tokens, tokens_left)))
-            if remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
-                allowed_tokens, batch_tokens - prefill_tokens
-            ):
-                self.allotted[request_id] = 0  # (``_sized``'s first answer, without the call)
+            if self._waits(remaining_tokens, allowed_tokens, prefill_tokens):
+                self.allotted[request_id] = 0  # (``_sized``'s first answer, without the rest of it)
                 continue
             chunk = self._sized(history_tokens, remaining_tokens, allowed_tokens, used_ms, prefill_tokens, first, alone)
             if chunk < remaining_tokens and self.unfinished_tokens < math.inf:
@@ -255,6 +250,13 @@ class StepBudget:
             self.unfinished_tokens = remaining_tokens
         return chunk
 
+    def _waits(self, remaining_tokens: int, allowed_tokens: int, prefill_tokens: int) -> bool:
+        """A prefill with at least as many tokens left as the unfinished one, which cannot finish in this batch,
+        waits (shortest remaining first)."""
+        return remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
+            allowed_tokens, self.plan.batch_tokens - prefill_tokens
+        )
+
     def _sized(
         self,
         history_tokens: int,
@@ -267,10 +269,8 @@ class StepBudget:
     ) -> int:
         """The chunk rule for one prefill, given what the step already holds (``used_ms`` of the
         target, ``prefill_tokens``; ``first``: no prefill yet; ``alone``: nothing charged yet)."""
-        if remaining_tokens >= self.unfinished_tokens and remaining_tokens > min(
-            allowed_tokens, self.plan.batch_tokens - prefill_tokens
-        ):
-            return 0  # it cannot finish in this batch, so it waits (below); no chunk to work out
+        if self._waits(remaining_tokens, allowed_tokens, prefill_tokens):
+            return 0  # no chunk to work out
         rule, target_ms = self.rule, self.plan.target_ms
         wanted = rule.wanted_chunk(history_tokens, remaining_tokens, self.plan)
         # The relative 1e-9 absorbs rounding: a chunk sized for the target must fit it.

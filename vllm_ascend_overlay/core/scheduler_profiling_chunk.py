@@ -139,17 +139,16 @@ class ProfilingChunkScheduler(BalanceScheduler):
             logger.warning("[CPP] %s; fixed chunks of %d tokens (%s)", verdict.reason, fixed or base_tokens, why)
             return
         self.cpp_policy = CppPolicy(
-            verdict.model,
-            replace(limits, granule_tokens=verdict.granule_tokens),
-            num_stages,
-            asynchronous=isinstance(self, AsyncScheduler),
-            calibration_window=self.cpp_config.calibration_window,
+            verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), num_stages,
+            asynchronous=isinstance(self, AsyncScheduler), calibration_window=self.cpp_config.calibration_window,
             target_tpot_ms=self.cpp_config.target_tpot_ms,
-        )
+        )  # fmt: skip
         bound_ms = self.cpp_policy.rule.limits.decode_step_ms
         pace = f"; while requests decode, steps of at most {bound_ms:.2f} ms (target_tpot_ms)" if bound_ms else ""
-        log = "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages%s"
-        logger.info(log, self.cpp_source, verdict.reason, num_stages, pace)
+        logger.info(
+            "[CPP] latency model from %s: %s; batch-time target planned per set of prefills for %d pipeline stages%s",
+            self.cpp_source, verdict.reason, num_stages, pace,
+        )  # fmt: skip
 
     @property
     def uses_schedule_hooks(self) -> bool:

@@ -199,12 +199,6 @@ class ChunkRule:
     def with_limits(self, **changes) -> ChunkRule:
         return ChunkRule(self.model, replace(self.limits, **changes), self.num_stages)
 
-    def with_decode_bound(self, decode_step_ms: float) -> ChunkRule:
-        """The same rule with another decode step bound (C*(H) does not depend on it: shared, not searched again)."""
-        rule = self.with_limits(decode_step_ms=decode_step_ms)
-        rule._efficient_cache = self._efficient_cache
-        return rule
-
     # ------------------------------------------------------------------ C*(H)
     def efficient_chunks(self, fixed_ms: float | None = None, sweet: bool = False) -> EfficientChunks:
         """C*(H) = argmin_C (F + r(C, H - C/2)) / C over chunk sizes from the floor to the cap (rule 1).

@@ -164,7 +164,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     refit_every = inspect.signature(c.OnlineCalibration).parameters["refit_every"].default
     max_shift = inspect.signature(c.OnlineCalibration).parameters["max_shift"].default
     says("docs/cpp.md", f"Every {refit_every} timed steps, if the model is off by more than {c.CALIBRATED_ERROR:.0%}")
-    says("docs/design-cpp.md", f"differ in size or history by {c.MIN_WINDOW_SPREAD:g}x or more")
+    says("docs/design-cpp.md", f"differ in size by {c.MIN_WINDOW_SPREAD:g}x or more")
     says("docs/design-cpp.md", f"shrunk towards the profile by {WORDS[int(c.PRIOR_WEIGHT)]} steps' worth of trust")
     assert c.PRIOR_WEIGHT == int(c.PRIOR_WEIGHT)
     says("docs/design-cpp.md", f"no point moves by more than {max_shift:.0%}")

@@ -72,6 +72,19 @@ def test_a_series_of_small_batches_moves_only_the_points_around_them():
     )
 
 
+def test_the_first_steps_of_a_prompt_leave_the_table_away_from_them_as_profiled():
+    """A prompt's first steps, of one size and within the first interval between the profile's history
+    levels, run faster than the table's line between those two levels says (history costs less at first
+    than the line through the levels): the points around them move, the rest of the table does not."""
+    calib = calibration()
+    for index in range(MIN_WINDOW):
+        history = 256 * index
+        calib.record([(256, history)], PROFILED.time_ms(256, history) * (0.88 if history else 1.0))
+    assert calib.refits_adopted == 1 and calib.window_error(calib.model) < calib.window_error(PROFILED) / 2
+    for chunk, history in ((4096, 50_000), (8192, 65_536), (1024, 30_000)):
+        assert calib.model.time_ms(chunk, history) == pytest.approx(PROFILED.time_ms(chunk, history), rel=1e-9)
+
+
 def test_a_correction_keeps_the_odd_points_a_profile_kept():
     """A size faster than a smaller one in every run of the profile is the device's: a device slower on real
     data than on the profile moves it with the rest, and does not average it away."""

@@ -185,6 +185,12 @@ def test_the_cpp_docs_step_placing_is_the_codes():
         "docs/design-cpp.md",
         f"All of this takes at most {p.LOCATE_RUNS} runs, so the default profile stays within {runs + p.LOCATE_RUNS}",
     )
+    reach = p.reach_budget([None] * runs)
+    says("docs/cpp.md", f"and up to {p.REACH_RUNS} more where odd points were kept")
+    says("docs/cpp.md", f"within {runs + p.LOCATE_RUNS} runs, and {runs + p.LOCATE_RUNS + reach} with odd points")
+    says("docs/cpp.md", f"(at most {p.REACH_RUNS} runs, and a quarter of a round's)")
+    says("docs/design-cpp.md", f"At most {p.REACH_RUNS} runs, and a quarter of a round's")
+    says("docs/cpp.md", f"departs from its size's neighbours by more than {cpp_falls.ODD_MIN_FALL:.0%}")
 
 
 def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():

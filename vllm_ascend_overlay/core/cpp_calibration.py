@@ -187,6 +187,7 @@ class OnlineCalibration:
             num_points=model.num_points,
             steps=model.steps,
             odd_points=model.odd_points,
+            reach=model.reach,
         )
 
     def _spread(self) -> bool:

@@ -164,7 +164,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     refit_every = inspect.signature(c.OnlineCalibration).parameters["refit_every"].default
     max_shift = inspect.signature(c.OnlineCalibration).parameters["max_shift"].default
     says("docs/cpp.md", f"Every {refit_every} timed steps, if the model is off by more than {c.CALIBRATED_ERROR:.0%}")
-    says("docs/design-cpp.md", f"differ in size or history by {c.MIN_WINDOW_SPREAD:g}x or more")
+    says("docs/design-cpp.md", f"differ in size by {c.MIN_WINDOW_SPREAD:g}x or more")
     says("docs/design-cpp.md", f"shrunk towards the profile by {WORDS[int(c.PRIOR_WEIGHT)]} steps' worth of trust")
     assert c.PRIOR_WEIGHT == int(c.PRIOR_WEIGHT)
     says("docs/design-cpp.md", f"no point moves by more than {max_shift:.0%}")
@@ -185,6 +185,12 @@ def test_the_cpp_docs_step_placing_is_the_codes():
         "docs/design-cpp.md",
         f"All of this takes at most {p.LOCATE_RUNS} runs, so the default profile stays within {runs + p.LOCATE_RUNS}",
     )
+    reach = p.reach_budget([None] * runs)
+    says("docs/cpp.md", f"and up to {p.REACH_RUNS} more where odd points were kept")
+    says("docs/cpp.md", f"within {runs + p.LOCATE_RUNS} runs, and {runs + p.LOCATE_RUNS + reach} with odd points")
+    says("docs/cpp.md", f"(at most {p.REACH_RUNS} runs, and a quarter of a round's)")
+    says("docs/design-cpp.md", f"At most {p.REACH_RUNS} runs, and a quarter of a round's")
+    says("docs/cpp.md", f"departs from its size's neighbours by more than {cpp_falls.ODD_MIN_FALL:.0%}")
 
 
 def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -70,6 +71,31 @@ def test_a_series_of_small_batches_moves_only_the_points_around_them():
     assert corrected.chunk_for_time(30_000, rule.plan(200.0).target_ms) == pytest.approx(
         PROFILED.chunk_for_time(30_000, 200.0), rel=1e-6
     )
+
+
+def test_the_first_steps_of_a_prompt_leave_the_table_away_from_them_as_profiled():
+    """A prompt's first steps, of one size and within the first interval between the profile's history
+    levels, run faster than the table's line between those two levels says (history costs less at first
+    than the line through the levels): the points around them move, the rest of the table does not."""
+    calib = calibration()
+    for index in range(MIN_WINDOW):
+        history = 256 * index
+        calib.record([(256, history)], PROFILED.time_ms(256, history) * (0.88 if history else 1.0))
+    assert calib.refits_adopted == 1 and calib.window_error(calib.model) < calib.window_error(PROFILED) / 2
+    for chunk, history in ((4096, 50_000), (8192, 65_536), (1024, 30_000)):
+        assert calib.model.time_ms(chunk, history) == pytest.approx(PROFILED.time_ms(chunk, history), rel=1e-9)
+
+
+def test_a_correction_moves_a_size_measured_between_levels_with_its_levels():
+    """The profile measured 384 tokens half-way between two levels (how far an odd point there reaches): a
+    device 20% slower than its profile moves it as it moves the levels around it, at its measured ratio."""
+    between = replace(PROFILED, reach=((384, 8192, 0.8),))
+    calib = OnlineCalibration(between, window_size=30, refit_every=8, max_shift=0.25)
+    for pairs, ms in mixed_steps(lambda pairs: 1.2 * between.batch_time_ms(pairs), 40):
+        calib.record(pairs, ms)
+    assert calib.refits_adopted >= 1 and calib.model.reach == between.reach
+    line_ms = (calib.model.time_ms(384, 0) + calib.model.time_ms(384, 16_384)) / 2
+    assert calib.model.time_ms(384, 8192) == pytest.approx(0.8 * line_ms, rel=1e-9)
 
 
 def test_a_correction_keeps_the_odd_points_a_profile_kept():

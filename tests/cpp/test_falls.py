@@ -113,7 +113,8 @@ def test_each_point_of_a_doubtful_fall_is_measured_until_a_majority_of_runs_deci
     assert not verdict_on(samples, last_round=False, budget=3).remeasure  # a fall is measured whole, or not at all
 
 
-def test_the_default_profile_with_ten_odd_points_stays_within_218_runs_and_keeps_them():
+def test_the_default_profile_with_ten_odd_points_stays_within_its_bound_and_keeps_them():
+    """218 runs, and at most ``REACH_RUNS`` more measuring how far the odd points reach in history."""
     points = tuple((c, h, 0.5 if k % 2 else 1.6) for k, (c, h) in enumerate(zip(LADDER[3:13], LEVELS * 2, strict=True)))
     device_runs = []
 
@@ -125,9 +126,45 @@ def test_the_default_profile_with_ten_odd_points_stays_within_218_runs_and_keeps
         CppConfig(cache_dir=""), LIMITS, 4, fingerprint={}, measure=measure, max_history_tokens=MAX_HISTORY
     )
     assert result.verdict.model is not None, result.verdict.reason
-    assert len(device_runs) - cpp_profiling.WARMUP_RUNS <= 218
+    assert len(device_runs) - cpp_profiling.WARMUP_RUNS <= 218 + cpp_profiling.REACH_RUNS
     kept = set(result.verdict.model.odd_points)
     assert {(c, h) for c, h, _ in points if (c, h) != (LADDER[3], 0)} <= kept
+
+
+@dataclass(frozen=True)
+class Narrow:
+    """A truth whose size ``chunk`` takes ``factor`` of its time above the fixed cost at ``history``, fading
+    linearly to the truth's own within ``reach`` tokens of history either side (narrower than the levels)."""
+
+    truth: object
+    chunk: int
+    history: int
+    reach: int
+    factor: float
+
+    def time_ms(self, chunk_tokens, history_tokens):
+        near = max(0.0, 1.0 - abs(history_tokens - self.history) / self.reach) if chunk_tokens == self.chunk else 0
+        fixed_ms = self.truth.c0
+        return fixed_ms + (self.truth.time_ms(chunk_tokens, history_tokens) - fixed_ms) * (1 + (self.factor - 1) * near)
+
+
+@pytest.mark.parametrize("factor", [0.5, 1.6])
+def test_an_odd_point_narrower_than_the_levels_is_read_as_far_as_it_was_measured_to_reach(factor):
+    """A size fast (or slow) only within 4096 tokens of one level's history: the profile measures it between
+    that level and the ones either side, where it has faded, and the model reads it there as measured, not on
+    the line from the level's odd time to the next level's (which would spread it over the whole interval)."""
+    spacing = LEVELS[1] - LEVELS[0]
+    truth = Narrow(TRUE, 384, LEVELS[2], spacing // 4, factor)
+    result = cpp_profiling.initialise_profile(
+        CppConfig(cache_dir=""), LIMITS, 4, fingerprint={}, measure=truth.time_ms, max_history_tokens=MAX_HISTORY
+    )
+    model = result.verdict.model
+    assert model is not None and (384, LEVELS[2]) in model.odd_points, result.verdict.reason
+    for history in (LEVELS[2] - spacing // 2, LEVELS[2] + spacing // 2):  # faded there
+        assert model.time_ms(384, history) == pytest.approx(truth.time_ms(384, history), rel=0.02)
+    assert model.time_ms(384, LEVELS[2]) == pytest.approx(truth.time_ms(384, LEVELS[2]), rel=1e-9)
+    again = type(model).from_dict(model.to_dict())
+    assert again.time_ms(384, LEVELS[2] - spacing // 2) == model.time_ms(384, LEVELS[2] - spacing // 2)
 
 
 def test_a_hiccup_is_measured_again_and_when_it_does_not_repeat_the_host_is_noisy_as_before():

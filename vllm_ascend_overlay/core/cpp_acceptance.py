@@ -62,6 +62,7 @@ from vllm_ascend.core.cpp_falls import (
     runs_by_point,
 )
 from vllm_ascend.core.cpp_latency_model import MIN_NODES, LatencyModel
+from vllm_ascend.core.cpp_odd_reach import reach_of
 from vllm_ascend.core.cpp_planner import plan_target
 from vllm_ascend.core.cpp_samples import FitError, Point, admitted, group_points
 from vllm_ascend.core.cpp_step_budget import StepBudget
@@ -126,12 +127,14 @@ def _fallback_chunk(points: Sequence[Point], limits: ChunkLimits, num_stages: in
 
 
 def grid_part(points: Sequence[Point]) -> list[Point]:
-    """The points whose chunk size was measured at every history length (the probe's extra sizes are not)."""
-    histories = {p.history_tokens for p in points}
+    """The points whose chunk size was measured at every history length of the grid, the lengths its smallest
+    size was measured at (the probe's extra sizes are not, nor the runs between lengths, core/cpp_odd_reach.py)."""
+    smallest = min((p.chunk_tokens for p in points), default=0)
+    histories = {p.history_tokens for p in points if p.chunk_tokens == smallest}
     sizes: dict[int, set[int]] = {}
     for p in points:
         sizes.setdefault(p.chunk_tokens, set()).add(p.history_tokens)
-    return [p for p in points if sizes[p.chunk_tokens] == histories]
+    return [p for p in points if p.history_tokens in histories and sizes[p.chunk_tokens] >= histories]
 
 
 def detect_granule(points: Sequence[Point], scatter: float) -> int:
@@ -356,7 +359,7 @@ def judge(
     if len(kept) < len(falls):
         note = f"; {len(falls) - len(kept)} fall(s) that did not repeat averaged away{note}"
     steps = detect_steps(model, points, scatter)
-    model = locate_steps(model, all_points, steps, scatter)
+    model = replace(locate_steps(model, all_points, steps, scatter), reach=reach_of(model, all_points))
     judged = ChunkRule(model, replace(limits, granule_tokens=granule), num_stages)
     prompt_tokens = reference_prompt_tokens(judged, max_history_tokens)
     grid_keys = {(p.chunk_tokens, p.history_tokens) for p in points}

@@ -10,9 +10,11 @@ log(measured / predicted):
 1. the fixed cost is split into what a step pays once and what each request pays at
    least, from steps of different request counts (``shared_fixed_ms``): the profile
    times one request per step and cannot tell the two apart;
-2. the whole table moves by the median error, when the window's steps differ in size or
-   history by at least ``MIN_WINDOW_SPREAD`` (a device slower than its profile, as real
-   data often makes it): steps of about one size cannot speak for the whole table;
+2. the whole table moves by the median error, when the window's steps differ in size by
+   at least ``MIN_WINDOW_SPREAD`` or in history by at least one interval between the
+   profile's history levels (a device slower than its profile, as real data often makes
+   it): steps of about one size, or within one interval of history, cannot speak for the
+   whole table (there the error may be the interpolation's between two levels);
 3. what is left of each step's error is laid on the four grid points around its largest
    request (bilinear weights in log C and H), and every grid point moves by the weighted
    mean of what it received, shrunk towards no change by ``PRIOR_WEIGHT`` steps' worth
@@ -185,14 +187,19 @@ class OnlineCalibration:
             num_points=model.num_points,
             steps=model.steps,
             odd_points=model.odd_points,
+            reach=model.reach,
         )
 
     def _spread(self) -> bool:
+        """Whether the window's steps reach across the table: sizes ``MIN_WINDOW_SPREAD`` apart, or histories
+        at least one interval between the profile's levels apart. The table is linear in history between
+        two levels, so the first steps of a prompt (histories from 0 to a few thousand, of one size) may
+        all show the error that interpolation makes there, which says nothing of the rest of the table."""
         tokens = [sum(chunk for chunk, _ in row.pairs) for row in self.window]
         histories = [max(history for _, history in row.pairs) for row in self.window]
-        return max(tokens) >= MIN_WINDOW_SPREAD * min(tokens) or max(histories) >= MIN_WINDOW_SPREAD * max(
-            1, min(histories)
-        )
+        levels = self.model.history_tokens
+        interval = min((b - a for a, b in zip(levels, levels[1:], strict=False)), default=math.inf)
+        return max(tokens) >= MIN_WINDOW_SPREAD * min(tokens) or max(histories) - min(histories) >= interval
 
     def _refit(self) -> LatencyModel | None:
         current_error = self.window_error(self.model)

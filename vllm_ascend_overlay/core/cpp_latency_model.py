@@ -22,7 +22,8 @@ between the two was measured, and the jump may come right after the lower one. B
 odd point the same reading holds the other way: a size between it and a neighbouring size
 costs the dearer of the two (nothing measured says the odd point's speed reaches past it),
 and the chunk for a time is the largest that fits, so a fast larger size is taken over a
-slower smaller one (it dominates it: a prompt with the tokens can always take it).
+slower smaller one (it dominates it: a prompt with the tokens can always take it). How far
+an odd point reaches in history is measured between levels (core/cpp_odd_reach.py).
 
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
@@ -33,13 +34,11 @@ still ordered in C).
 A step of several requests costs the step's fixed cost once plus each request's own
 cost: ``batch_time_ms = fixed_ms + sum_i request_ms(C_i, H_i)`` with ``request_ms =
 time_ms - fixed_ms``. ``fixed_ms`` is the time of an empty step: the smallest chunk
-without history, extrapolated linearly to C = 0 (the start-up profile measures C = 1,
-so it is the time of one token alone).
-
-Each question has one function, in a scalar form (pure Python, for the per-step budget)
-and a vectorised one (numpy, for the planner) that compute the same numbers:
-``time_ms``/``time_ms_many`` and ``chunk_for_time``/``chunk_for_time_many`` (the largest
-chunk whose step fits a time). Pure Python and numpy: no vLLM, no torch, no I/O.
+without history, extrapolated linearly to C = 0 (the profile's C = 1: one token alone).
+Each question has a scalar form (pure Python, for the per-step budget) and a vectorised
+one (numpy, for the planner) that compute the same numbers: ``time_ms``/``time_ms_many``
+and ``chunk_for_time``/``chunk_for_time_many`` (the largest chunk whose step fits a
+time). Pure Python and numpy: no vLLM, no torch, no I/O.
 """
 
 from __future__ import annotations
@@ -51,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from vllm_ascend.core.cpp_grid import falls_outside, monotone_grid
+from vllm_ascend.core.cpp_odd_reach import with_reach
 from vllm_ascend.core.cpp_samples import FitError, Point
 
 __all__ = ["FitError", "LatencyModel", "batch_features", "monotone_grid"]
@@ -81,10 +81,12 @@ class LatencyModel:
     steps: tuple[int, ...] = ()  # segments i (nodes[i] to nodes[i + 1]) whose time steps right after nodes[i]
     # (chunk_tokens, history_tokens) of grid points whose time stands though a neighbour falls below it
     odd_points: tuple[tuple[int, int], ...] = ()
+    # (chunk_tokens, history_tokens, time over the levels' line there) of sizes measured between levels
+    reach: tuple[tuple[int, int, float], ...] = ()
     _scalar: tuple = field(init=False, repr=False, compare=False)
     _vector: tuple = field(init=False, repr=False, compare=False)
     _step_mask: np.ndarray | None = field(init=False, repr=False, compare=False)
-    _odd_mask: np.ndarray | None = field(init=False, repr=False, compare=False)  # [level][segment] beside one
+    _odd_mask: np.ndarray | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         nodes, levels, rows = self.chunk_tokens, self.history_tokens, self.step_ms
@@ -94,8 +96,7 @@ class LatencyModel:
             raise FitError(f"history levels must be increasing and start at 0, got {list(levels)[:8]}")
         if len(rows) != len(levels) or any(len(row) != len(nodes) for row in rows):
             raise FitError("step_ms must hold one time per (history level, chunk size)")
-        flat = [t for row in rows for t in row]
-        if not all(math.isfinite(t) and t > 0 for t in flat):
+        if not all(math.isfinite(t) and t > 0 for row in rows for t in row):
             raise FitError("step times must be finite and > 0")
         cells = {(c, h): (j, i) for j, h in enumerate(levels) for i, c in enumerate(nodes)}
         if list(self.odd_points) != sorted(set(self.odd_points)) or not set(self.odd_points) <= set(cells):
@@ -110,23 +111,25 @@ class LatencyModel:
         mask = np.zeros(len(nodes) - 1, dtype=bool)
         mask[list(self.steps)] = True
         object.__setattr__(self, "_step_mask", mask if self.steps else None)
+        if any(c not in nodes or not 0 < h < levels[-1] or h in levels or not r > 0 for c, h, r in self.reach):
+            raise FitError(f"reach must be profiled sizes between levels, got {list(self.reach)[:4]}")
         odd = np.zeros((len(levels), len(nodes)), dtype=bool)
-        for j, i in kept:
-            odd[j, i] = True
-        beside = odd[:, :-1] | odd[:, 1:]  # a segment with an odd point at either end
+        odd[tuple(np.array(sorted(kept), dtype=int).reshape(-1, 2).T)] = True
         if len(levels) == 1:  # one level: no history dependence; a copy makes the blend uniform
-            levels, rows, beside = (0, max(1, nodes[-1])), (rows[0], rows[0]), np.vstack([beside, beside])
-        object.__setattr__(self, "_odd_mask", np.vstack([beside, beside[-1:] & False]) if kept else None)
-        # Beyond the deepest level each size continues with the last levels' slope, never below 0
-        # and made non-decreasing in C (attending to more history costs a larger chunk more), so the
-        # continued row stays ordered in C: a virtual level one spacing further holds it. Nothing
-        # measured says an odd point lasts past the deepest level: there it fades into the trend.
+            levels, rows, kept = (0, max(1, nodes[-1])), (rows[0], rows[0]), kept | {(1, i) for _, i in kept}
+        # Beyond the deepest level each size continues with the last levels' slope, never below 0 and made
+        # non-decreasing in C (attending to more history costs a larger chunk more): a virtual level one
+        # spacing further holds it. Nothing says an odd point lasts past the deepest level: it fades there.
         trend = np.array(monotone_grid([list(r) for r in rows], [[1.0] * len(nodes)] * len(rows), kept, False))
         steps = np.maximum.accumulate(np.maximum(trend[-1] - trend[-2], 0.0))
         beyond = tuple((np.where(odd[-1], trend[-1], np.maximum(rows[-1], trend[-1])) + steps).tolist())
         rows = (*rows, beyond)
         levels = (*levels, 2 * levels[-1] - levels[-2])
         log_nodes = [math.log(c) for c in nodes]
+        levels, rows, kept = with_reach(levels, rows, kept, nodes, self.reach)  # (levels between levels)
+        odd = np.zeros((len(levels), len(nodes)), dtype=bool)
+        odd[tuple(np.array(sorted(kept), dtype=int).reshape(-1, 2).T)] = True
+        object.__setattr__(self, "_odd_mask", odd[:, :-1] | odd[:, 1:] if kept else None)  # [level][segment]
         scalar_rows = [list(r) for r in rows]
         object.__setattr__(self, "_scalar", (list(map(float, nodes)), log_nodes, list(map(float, levels)), scalar_rows))
         vector = (np.array(nodes, dtype=np.float64), np.array(log_nodes), np.array(levels, dtype=np.float64))
@@ -170,8 +173,7 @@ class LatencyModel:
 
     # ---------------------------------------------------------------- scalar questions
     def _level(self, history_tokens: float) -> tuple[list[float], list[float], float, int]:
-        """The two rows around a history, the weight of the second (> 1 only beyond the last) and the
-        first's index."""
+        """The two rows around a history, the weight of the second (> 1 only beyond the last), the first's index."""
         _, _, levels, rows = self._scalar
         # Beyond the last measured level the pair is that level and the virtual one after it.
         j = min(max(bisect.bisect_right(levels, history_tokens) - 1, 0), len(levels) - 2)
@@ -264,11 +266,8 @@ class LatencyModel:
         return rows[j] + weight[..., None] * (rows[j + 1] - rows[j])
 
     def time_ms_many(self, chunk_tokens: np.ndarray, history_tokens: np.ndarray) -> np.ndarray:
-        """``time_ms`` of arrays (broadcast together).
-
-        The level and the node are looked up on each array as given, before broadcasting: a
-        planner's histories do not vary with its candidate targets, so they are looked up once.
-        """
+        """``time_ms`` of arrays (broadcast together; the level and the node looked up on each array as given,
+        before broadcasting: a planner's histories do not vary with its targets, so they are looked up once)."""
         nodes, log_nodes, levels, rows = self._vector
         chunks = np.asarray(chunk_tokens, dtype=np.float64)
         histories = np.asarray(history_tokens, dtype=np.float64)
@@ -380,8 +379,8 @@ class LatencyModel:
     def to_dict(self) -> dict:
         keys = ("chunk_tokens", "history_tokens", "step_ms", "fixed_ms", "scatter", "num_points", "steps")
         data = {key: list(v) if isinstance(v := getattr(self, key), tuple) else v for key in keys}
-        odd = [list(point) for point in self.odd_points]
-        return {**data, "step_ms": [list(row) for row in self.step_ms], "odd_points": odd}
+        odd, reach = [list(point) for point in self.odd_points], [list(point) for point in self.reach]
+        return {**data, "step_ms": [list(row) for row in self.step_ms], "odd_points": odd, "reach": reach}
 
     @classmethod
     def from_dict(cls, data: Mapping) -> LatencyModel:
@@ -395,6 +394,7 @@ class LatencyModel:
                 num_points=int(data.get("num_points", 0)),
                 steps=tuple(int(i) for i in data.get("steps", ())),
                 odd_points=tuple((int(c), int(h)) for c, h in data.get("odd_points", ())),
+                reach=tuple((int(c), int(h), float(r)) for c, h, r in data.get("reach", ())),
             )
         except (KeyError, TypeError, ValueError, OverflowError) as error:
             raise FitError(f"not a latency model: {error}") from None

@@ -62,6 +62,7 @@ from typing import Any
 from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, Verdict, flat_side, judge, untried_tile
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
+from vllm_ascend.core.cpp_odd_reach import REACH_RUNS, reach_runs
 from vllm_ascend.core.cpp_profile_plan import (  # noqa: F401 - the plan's names, as before
     PROBE_REPEATS,
     SMALLEST_LADDER_CHUNK,
@@ -232,11 +233,17 @@ def _no_model(reason: str) -> StartUp:
     return StartUp(Verdict(None, None, False, reason), [], None)
 
 
+def reach_budget(plan: Sequence[tuple[int, int]]) -> int:
+    """Runs at most measuring how far odd points reach in history: ``REACH_RUNS``, and a quarter of a round's."""
+    return min(REACH_RUNS, len(plan) // 4)
+
+
 def fresh_profile_size(plan: Sequence[tuple[int, int]]) -> tuple[int, int]:
     """The most samples a fresh profile of ``plan`` makes, and the most runs of any one point: every round
     (the plan and ``EXTRA_ROUNDS`` more) and every run placing steps (a cached one may hold no more)."""
     rounds = 1 + EXTRA_ROUNDS
-    return len(plan) * rounds + LOCATE_RUNS, max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
+    most = len(plan) * rounds + LOCATE_RUNS + reach_budget(plan)
+    return most, max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
 
 
 def initialise_profile(
@@ -308,6 +315,8 @@ def initialise_profile(
         )  # fmt: skip
     try:
         located = locate_runs(counted, verdict.model, config.profile_repeats, budget) if verdict.model else []
+        reach = reach_runs(verdict.model, config.profile_repeats, reach_budget(plan)) if verdict.model else []
+        located += [(chunk, history, counted(chunk, history)) for chunk, history in reach]
     except Exception as error:  # as above
         return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")
     if located:

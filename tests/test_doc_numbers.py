@@ -203,10 +203,10 @@ def test_the_overhead_bench_runs_the_workload_the_cpp_doc_describes():
     counts = f"{decodes[0]}, {decodes[1]} and {decodes[2]}"
     says(
         "docs/design-cpp.md",
-        f"({counts} decoding requests, with a {length}-token prompt every {every} steps and without)",
+        f"{counts} decodes (`--decodes`), with a {length}-token prompt every {every} steps and without",
     )
     device_ms = float(re.search(r"'--device-ms', type=float, default=([\d.]+)", source).group(1))
-    says("docs/design-cpp.md", f"for which the bench sleeps {device_ms:g} ms, untimed (`--device-ms`")
+    says("docs/design-cpp.md", f"a {device_ms:g} ms untimed wait on the device between steps (`--device-ms`)")
 
 
 # ----------------------------------------------------------------------------- docs/cpp-twin.md

@@ -95,7 +95,7 @@ SOURCES = (
     Source("cpp-mixed", (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192",),
            render_mixed),
-    Source("cpp-surfaces", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py --gate",), render_gate),
+    Source("cpp-surfaces", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py",), render_gate),
     Source("cpp-sched-overhead", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_sched_overhead.py",),
            render_closing("CPP's cost per step")),
     Source("e2e-prompt", (

@@ -365,11 +365,9 @@ class StepBudget:
         scheduler then reads its state again.)
         """
         if len(self.individually) + len(self.reserved or ()) != len(scheduled):
-            reserved = self.reserved
-            left_out = [] if reserved is None else reserved.ids.tolist()  # (ids only: no entry built per decode)
-            left_out = [r for r in left_out if r not in scheduled and r not in reserved.dropped]
-            for request_id in left_out + [r for r in self.individually if r not in scheduled]:
-                self.refund(request_id)
+            reserved = [] if self.reserved is None else self.reserved.ids.tolist()  # (ids only: no entry per decode)
+            for request_id in [r for r in [*reserved, *self.individually] if r not in scheduled]:
+                self.refund(request_id)  # (a decode already dropped refunds nothing)
         self._floorless_steps = self._floorless_steps + 1 if self.paced and not self.prefill_tokens else 0
 
     def pairs(self) -> tuple[tuple[int, int], ...]:

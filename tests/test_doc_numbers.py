@@ -28,6 +28,7 @@ from vllm_ascend.core import (
     cpp_traffic,
 )
 from vllm_ascend.core.cpp_config import parse_cpp_config
+from vllm_ascend.core.cpp_profile_plan import history_levels_for
 from vllm_ascend_patchset.e2e import bench as e2e_bench
 from vllm_ascend_patchset.e2e import ds_bench, ds_smoke, trace_args, trace_figures, trace_replay
 from vllm_ascend_patchset.e2e import run as e2e_run
@@ -54,9 +55,10 @@ def says(doc: str, phrase: str) -> None:
 
 
 def profile_runs(base_chunk_tokens: int, points: int, repeats: int, history_points: int) -> tuple[int, int, int, int]:
-    """(sizes, history lengths, probe runs, runs) of one profiling round, as ``profile_plan`` makes it."""
-    sizes = len(cpp_profiling.chunk_ladder(base_chunk_tokens, points))
-    lengths = len(cpp_profiling.history_levels(16 * base_chunk_tokens, history_points))
+    """(sizes, history lengths, grid points too large for the deepest length, probe runs, runs) of one profiling
+    round, as ``profile_plan`` makes it."""
+    ladder = cpp_profiling.chunk_ladder(base_chunk_tokens, points)
+    lengths = len(history_levels_for(base_chunk_tokens, 16 * base_chunk_tokens, history_points))
     plan = cpp_profiling.profile_plan(
         base_chunk_tokens=base_chunk_tokens,
         points=points,
@@ -64,8 +66,9 @@ def profile_runs(base_chunk_tokens: int, points: int, repeats: int, history_poin
         history_points=history_points,
         max_history_tokens=16 * base_chunk_tokens,
     )
-    probe = len(plan) // repeats - sizes * lengths
-    return sizes, lengths, probe, len(plan)
+    grid = {(c, h) for c, h in plan if c in ladder}
+    probe = len(plan) // repeats - len(grid)
+    return len(ladder), lengths, len(ladder) * lengths - len(grid), probe, len(plan)
 
 
 # ----------------------------------------------------------------------------- docs/cpp.md
@@ -74,21 +77,21 @@ def profile_runs(base_chunk_tokens: int, points: int, repeats: int, history_poin
 def test_the_profile_the_cpp_doc_counts_is_the_default_plan():
     defaults = parse_cpp_config({})
     points, repeats, history = defaults.profile_points, defaults.profile_repeats, defaults.profile_history_points
-    sizes, lengths, probe, runs = profile_runs(8192, points, repeats, history)
+    sizes, lengths, unfit, probe, runs = profile_runs(8192, points, repeats, history)
     ladder = cpp_profiling.chunk_ladder(8192, points)
     probed = {size for size, _ in cpp_profiling.tile_probe(8192)}
     on_ladder = [size for size in probed if size in ladder]
     says(
         "docs/cpp.md",
-        f"At a base chunk of 8192 and the default settings that is {sizes} sizes x {lengths} lengths + {probe} "
-        f"probe runs (each S is on the ladder), in {repeats} passes: {runs} runs after "
-        f"the {cpp_profiling.WARMUP_RUNS} warm-up runs",
+        f"At a base chunk of 8192 and the default settings that is {sizes} sizes x {lengths} lengths, less "
+        f"{WORDS[unfit]} at the deepest, + {probe} probe runs (each S is on the ladder), in {repeats} passes: {runs} "
+        f"runs after the {cpp_profiling.WARMUP_RUNS} warm-up runs",
     )
     assert len(probed) == 2 * len(on_ladder) == 2 * len(cpp_acceptance.TILE_CANDIDATES)
     says(
         "vllm_ascend_overlay/core/cpp_profiling.py",
-        f"{sizes} sizes x {lengths} lengths + {probe} probe runs (each S is on the ladder), "
-        f"{repeats} passes: {runs} runs after {cpp_profiling.WARMUP_RUNS} warm-up runs",
+        f"{sizes} sizes x {lengths} lengths, less {WORDS[unfit]} at the deepest, + {probe} probe runs (each S is on "
+        f"the ladder), {repeats} passes: {runs} runs after {cpp_profiling.WARMUP_RUNS} warm-up runs",
     )
     says("docs/cpp.md", f"each {cpp_profiling.PROBE_REPEATS} times a pass (S counting its run on the ladder)")
     says("docs/cpp.md", f"runs real forward passes: {WORDS[cpp_profiling.WARMUP_RUNS]} warm-up runs (dropped)")
@@ -108,10 +111,12 @@ def test_the_cpp_docs_cost_of_the_profile_is_the_default_plans():
         max_history_tokens=16 * 8192,
     )
     one_pass = plan[: len(plan) // d.profile_repeats]
-    grid = [(c, h) for h in cpp_profiling.history_levels(16 * 8192, d.profile_history_points) for c in ladder]
+    levels = history_levels_for(8192, 16 * 8192, d.profile_history_points)
+    grid = [(c, h) for h in levels for c in ladder if c + h <= 17 * 8192]
     probe = one_pass[len(grid) :]
     assert one_pass[: len(grid)] == grid
     passes = sum(ladder) / 8192
+    deepest = sum(c for c, h in grid if h == levels[-1]) / 8192
     top, small = ladder[-4:], [c for c in ladder if c <= 512]
     assert round(sum(top) / sum(ladder), 2) == 0.75
     says(
@@ -127,9 +132,9 @@ def test_the_cpp_docs_cost_of_the_profile_is_the_default_plans():
     per_pass = round(passes, 1)
     says(
         "docs/cpp.md",
-        f"x {per_pass:g} forward passes of the base chunk, from no history to the deepest "
-        f"({(d.profile_history_points + 1) * d.profile_repeats * per_pass:.0f} at the defaults), plus {len(plan)} "
-        "steps' fixed cost",
+        f"x {per_pass:g} forward passes of the base chunk at each length ({deepest:.1f} at the deepest), from no "
+        f"history to the deepest ({(d.profile_history_points * passes + deepest) * d.profile_repeats:.0f} at the "
+        f"defaults), plus {len(plan)} steps' fixed cost",
     )
     share, every = cpp_profiling.PROGRESS_SHARE, cpp_profiling.PROGRESS_EVERY_S
     assert share == 0.1
@@ -174,7 +179,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
 
 def test_the_cpp_docs_step_placing_is_the_codes():
     a, p, d = cpp_acceptance, cpp_profiling, parse_cpp_config({})
-    _, _, _, runs = profile_runs(8192, d.profile_points, d.profile_repeats, d.profile_history_points)
+    *_, runs = profile_runs(8192, d.profile_points, d.profile_repeats, d.profile_history_points)
     says("docs/cpp.md", f"{runs} runs after the {p.WARMUP_RUNS} warm-up runs, and up to {p.LOCATE_RUNS} more")
     says("docs/design-cpp.md", f"to within {a.LOCATE_TOKENS} tokens, the optimum's grid")
     says("docs/design-cpp.md", f"a run within {WORDS[int(p.LOCATE_UNSURE)]} scatters of it is measured once more")
@@ -285,13 +290,14 @@ def test_the_e2e_docs_profile_runs_are_what_the_servers_ask_for():
     chunk = e2e_bench_defaults().chunk
     profile = e2e_servers.OURS_PROFILE
     points, repeats, history = profile["profile_points"], profile["profile_repeats"], profile["profile_history_points"]
-    sizes, lengths, probe, runs = profile_runs(chunk, points, repeats, history)
+    sizes, lengths, unfit, probe, runs = profile_runs(chunk, points, repeats, history)
     defaults = parse_cpp_config({})
     *_, default_runs = profile_runs(chunk, defaults.profile_points, defaults.profile_repeats, history)
     says(
         "docs/e2e.md",
         f"`profile_points {points}`, `profile_repeats {repeats}`, `profile_history_points {history}`: at the base "
-        f"chunk of {chunk} that is {sizes} sizes x {lengths} lengths + {probe} probe runs in {repeats} passes, "
+        f"chunk of {chunk} that is {sizes} sizes x {lengths} lengths, less {WORDS[unfit]} at the deepest, + {probe} "
+        f"probe runs in {repeats} passes, "
         f"{runs} runs after the warm-up (the defaults would make {default_runs})",
     )
     smoke_points = e2e_smoke.SMOKE_PROFILE_POINTS

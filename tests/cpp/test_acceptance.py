@@ -228,11 +228,12 @@ def test_a_wave_between_profiled_sizes_is_placed_by_bisecting_its_segment(span, 
     lower, upper = model.chunk_tokens[model.steps[0]], model.chunk_tokens[model.steps[0] + 1]
     assert span - LOCATE_TOKENS < lower <= span and upper == 3072
     assert f"a step after {lower} tokens" in verdict.reason
-    for history in (0, 32_768, 65_536):
-        # Up to the wave: within the noise of the truth (the upper size's time is about twice it);
-        # past it: the upper size's time, at every history.
+    for history in model.history_tokens[::2]:
+        # Up to the wave: within the noise of the truth (the upper size's time is about twice it): four
+        # times the 3% of a run over the root of the two runs placing it, and the levels' interpolation;
+        # past it: the upper size's time, at every profiled history.
         for chunk in (2100, lower):
-            assert model.time_ms(chunk, history) == pytest.approx(truth.time_ms(chunk, history), rel=0.08)
+            assert model.time_ms(chunk, history) == pytest.approx(truth.time_ms(chunk, history), rel=0.1)
         assert model.time_ms(lower + 1, history) == model.time_ms(3072, history)
     rule = ChunkRule(model, LIMITS, 4)
     plan = plan_target(rule, [(0, 32_768)])

@@ -89,13 +89,14 @@ def test_the_first_steps_of_a_prompt_leave_the_table_away_from_them_as_profiled(
 def test_a_correction_moves_a_size_measured_between_levels_with_its_levels():
     """The profile measured 384 tokens half-way between two levels (how far an odd point there reaches): a
     device 20% slower than its profile moves it as it moves the levels around it, at its measured ratio."""
-    between = replace(PROFILED, reach=((384, 8192, 0.8),))
+    level = PROFILED.history_tokens[1]
+    between = replace(PROFILED, reach=((384, level // 2, 0.8),))
     calib = OnlineCalibration(between, window_size=30, refit_every=8, max_shift=0.25)
     for pairs, ms in mixed_steps(lambda pairs: 1.2 * between.batch_time_ms(pairs), 40):
         calib.record(pairs, ms)
     assert calib.refits_adopted >= 1 and calib.model.reach == between.reach
-    line_ms = (calib.model.time_ms(384, 0) + calib.model.time_ms(384, 16_384)) / 2
-    assert calib.model.time_ms(384, 8192) == pytest.approx(0.8 * line_ms, rel=1e-9)
+    line_ms = (calib.model.time_ms(384, 0) + calib.model.time_ms(384, level)) / 2
+    assert calib.model.time_ms(384, level // 2) == pytest.approx(0.8 * line_ms, rel=1e-9)
 
 
 def test_a_correction_keeps_the_odd_points_a_profile_kept():

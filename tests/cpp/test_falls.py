@@ -17,13 +17,13 @@ from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, EfficientChu
 from vllm_ascend.core.cpp_config import CppConfig
 from vllm_ascend.core.cpp_falls import CONFIRM_SAMPLES, find_falls, runs_by_point
 from vllm_ascend.core.cpp_planner import plan_target, target_bounds
-from vllm_ascend.core.cpp_profile_plan import chunk_ladder, history_levels
+from vllm_ascend.core.cpp_profile_plan import chunk_ladder, history_levels_for
 from vllm_ascend.core.cpp_samples import group_points
 
 MAX_HISTORY = 65_536
 LIMITS = ChunkLimits(base_chunk_tokens=8192, max_model_len=MAX_HISTORY + 8192)
 LADDER = chunk_ladder(8192, 24)
-LEVELS = history_levels(MAX_HISTORY, 4)
+LEVELS = history_levels_for(8192, MAX_HISTORY, 4)
 PROPERTIES = settings(max_examples=12, deadline=None)
 
 

@@ -187,6 +187,40 @@ def test_what_cannot_make_a_model_is_a_fit_error_naming_why(points, message):
         LatencyModel.from_points(points)
 
 
+def deepest_grid(time_ms):
+    """A profile whose deepest level lies past the base chunk's deepest history: 1536 and 2048 do not fit."""
+    chunks, histories = (1, 64, 256, 512, 1024, 1536, 2048), (0, 8192, 16384, 28672)
+    return [Point(c, h, time_ms(c, h), 1) for h in histories for c in chunks if not (h == 28672 and c > 1024)]
+
+
+@pytest.mark.parametrize("bend", [0.0, 1.0, 3.0])
+def test_the_sizes_too_large_for_the_deepest_level_grow_there_as_the_largest_size_measured_there_bends(bend):
+    """Attention over the history costs each token of a chunk alike, so time over history bends alike at
+    every size: a size that does not fit the deepest level takes the bend the largest one there measured.
+    (Its own line continued would miss the bend: 27% low at 2048 tokens here when ``bend`` is 3.)"""
+
+    def truth(c, h):
+        return 2.0 + c * (1.0 + h / 8192 + bend * (h / 8192) ** 2) / 100
+
+    model = LatencyModel.from_points(deepest_grid(truth))
+    for chunk in (1536, 2048):
+        assert model.time_ms(chunk, 28672) == pytest.approx(truth(chunk, 28672), rel=1e-9)
+        assert model.time_ms(chunk, 20480) == pytest.approx(
+            (truth(chunk, 16384) * 8192 + truth(chunk, 28672) * 4096) / 12288, rel=1e-9
+        )
+
+
+@pytest.mark.parametrize(
+    "skip",
+    [lambda c, h: h == 28672 and c == 512, lambda c, h: h == 16384 and c == 2048],
+    ids=["a size up to half the largest at the deepest level", "a large size at a shallower level"],
+)
+def test_any_other_hole_in_the_grid_is_still_no_grid(skip):
+    points = [p for p in deepest_grid(TRUE.time_ms) if not skip(p.chunk_tokens, p.history_tokens)]
+    with pytest.raises(FitError, match="not a grid"):
+        LatencyModel.from_points(points)
+
+
 def test_the_model_is_a_value_that_round_trips_through_a_dict():
     model = measured_model(TRUE)
     assert LatencyModel.from_dict(model.to_dict()) == model

@@ -20,11 +20,13 @@ def test_plan_is_the_ladder_at_every_history_with_the_tile_probe_in_passes():
         base_chunk_tokens=8192, points=24, repeats=2, history_points=4, max_history_tokens=100_000, align=128
     )
     ladder = [1, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192]
-    histories = [0, 24960, 49920, 74880, 99968]
+    # The deepest level half a base chunk past the base chunk's deepest history: the sizes up to half the
+    # base chunk run there (the context is 108192 tokens), the two larger ones do not fit.
+    histories = [0, 25984, 51968, 77952, 104064]
     one_pass = plan[: len(plan) // 2]
     assert plan == one_pass * 2  # passes, not repeats in a row
-    grid = [(c, h) for h in histories for c in ladder]
-    assert one_pass[: len(grid)] == grid and len(set(grid)) == len(grid)  # every size at every history
+    grid = [(c, h) for h in histories for c in ladder if h < histories[-1] or c <= 4096]
+    assert one_pass[: len(grid)] == grid and len(set(grid)) == len(grid)  # every size at every history it fits
     probe = one_pass[len(grid) :]
     # Each tile's first boundary and one token past it, three times a pass (S's grid run counts), alternating.
     pairs = [(64, 0), (65, 0), (128, 0), (129, 0), (256, 0), (257, 0), (512, 0), (513, 0)]

@@ -76,7 +76,7 @@ class CppConfig:
     profile_history_points: int = setting(
         4,
         "history lengths profiled besides 0, evenly up to the deepest the scheduler will see; every chunk size is "
-        "measured at each",
+        "measured at each it fits",
         low=1,
         high=32,
     )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["KEPT_WEIGHT", "falls_outside", "isotonic", "monotone_grid"]
+__all__ = ["KEPT_WEIGHT", "falls_outside", "fill_deepest", "isotonic", "monotone_grid"]
 
 
 def isotonic(values: list[float], weights: list[float]) -> list[float]:
@@ -27,6 +27,21 @@ def isotonic(values: list[float], weights: list[float]) -> list[float]:
     for mean, _, count in blocks:
         out += [mean] * int(count)
     return out
+
+
+def fill_deepest(grid: list[list[float]], levels: Sequence[float]) -> list[list[float]]:
+    """The grid [level][node] with its unmeasured (NaN) cells at the deepest level, the sizes too large to fit
+    there (core/cpp_profile_plan.py): each grows over the deepest interval as it did over the one before,
+    times what the largest size measured there grew by over the two (how time bends in history deep down,
+    measured); its own interval's slope continued when that size did not grow before."""
+    if len(levels) < 3 or all(t == t for t in grid[-1]):
+        return grid
+    measured = max(i for i, t in enumerate(grid[-1]) if t == t)
+    before = grid[-2][measured] - grid[-3][measured]
+    bend = (grid[-1][measured] - grid[-2][measured]) / before if before > 0 else 0.0
+    bend = bend if bend > 0 else (levels[-1] - levels[-2]) / (levels[-2] - levels[-3])
+    deepest = [b + bend * (b - a) if t != t else t for t, a, b in zip(grid[-1], grid[-3], grid[-2], strict=True)]
+    return [*grid[:-1], deepest]
 
 
 KEPT_WEIGHT = 1e-9  # an odd point's weight in the pooling around it: it moves no other point

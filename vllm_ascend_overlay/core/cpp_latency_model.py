@@ -28,17 +28,16 @@ an odd point reaches in history is measured between levels (core/cpp_odd_reach.p
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
 least 1 (never cheaper per token than measured); beyond the deepest level, the last two
-levels' slope per size, never below 0 and made non-decreasing in C (never falling, and
-still ordered in C).
+levels' slope per size, never below 0 and made non-decreasing in C; the sizes too large to
+fit the deepest level (core/cpp_profile_plan.py) are read there on the same slope.
 
 A step of several requests costs the step's fixed cost once plus each request's own
 cost: ``batch_time_ms = fixed_ms + sum_i request_ms(C_i, H_i)`` with ``request_ms =
 time_ms - fixed_ms``. ``fixed_ms`` is the time of an empty step: the smallest chunk
 without history, extrapolated linearly to C = 0 (the profile's C = 1: one token alone).
-Each question has a scalar form (pure Python, for the per-step budget) and a vectorised
-one (numpy, for the planner) that compute the same numbers: ``time_ms``/``time_ms_many``
-and ``chunk_for_time``/``chunk_for_time_many`` (the largest chunk whose step fits a
-time). Pure Python and numpy: no vLLM, no torch, no I/O.
+Each question has a scalar form (for the per-step budget) and a vectorised one (for the
+planner) that compute the same numbers (``time_ms``/``time_ms_many``, ``chunk_for_time``/
+``chunk_for_time_many``: the largest chunk whose step fits a time). No vLLM, torch or I/O.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from vllm_ascend.core.cpp_grid import falls_outside, monotone_grid
+from vllm_ascend.core.cpp_grid import KEPT_WEIGHT, falls_outside, fill_deepest, monotone_grid
 from vllm_ascend.core.cpp_odd_reach import with_reach
 from vllm_ascend.core.cpp_samples import FitError, Point
 
@@ -117,9 +116,8 @@ class LatencyModel:
         odd[tuple(np.array(sorted(kept), dtype=int).reshape(-1, 2).T)] = True
         if len(levels) == 1:  # one level: no history dependence; a copy makes the blend uniform
             levels, rows, kept = (0, max(1, nodes[-1])), (rows[0], rows[0]), kept | {(1, i) for _, i in kept}
-        # Beyond the deepest level each size continues with the last levels' slope, never below 0 and made
-        # non-decreasing in C (attending to more history costs a larger chunk more): a virtual level one
-        # spacing further holds it. Nothing says an odd point lasts past the deepest level: it fades there.
+        # Beyond the deepest level: a virtual level one spacing further holds each size's last slope, never
+        # below 0 and non-decreasing in C. Nothing says an odd point lasts past the deepest level: it fades.
         trend = np.array(monotone_grid([list(r) for r in rows], [[1.0] * len(nodes)] * len(rows), kept, False))
         steps = np.maximum.accumulate(np.maximum(trend[-1] - trend[-2], 0.0))
         beyond = tuple((np.where(odd[-1], trend[-1], np.maximum(rows[-1], trend[-1])) + steps).tolist())
@@ -139,13 +137,14 @@ class LatencyModel:
     def from_points(
         cls, points: Sequence[Point], scatter: float = 0.0, odd: Iterable[tuple[int, int]] = ()
     ) -> LatencyModel:
-        """The model of profiled points that form a full grid (every chunk size at every level); the
-        ``odd`` points ((chunk, history) on the grid) keep their medians (see the module docstring)."""
+        """The model of profiled points that form a grid (every size at every level, but the sizes over half the
+        largest at the deepest); the ``odd`` points ((chunk, history) on the grid) keep their medians."""
         nodes = sorted({p.chunk_tokens for p in points})
         levels = sorted({p.history_tokens for p in points})
         by_key = {(p.chunk_tokens, p.history_tokens): p for p in points}
         missing = [(c, h) for h in levels for c in nodes if (c, h) not in by_key]
-        if missing:
+        unfit = len(levels) >= 3 and all(h == levels[-1] and 2 * c > nodes[-1] for c, h in missing)  # fill_deepest
+        if missing and not unfit:
             raise FitError(
                 f"the profile is not a grid: {len(missing)} of {len(nodes) * len(levels)} (chunk, history) points "
                 f"missing, e.g. {missing[0]}"
@@ -154,8 +153,9 @@ class LatencyModel:
             raise FitError(f"only {len(nodes)} chunk sizes profiled; the model needs >= {MIN_NODES}")
         if levels[0] != 0:
             raise FitError("the profile has no chunk without history (history_tokens = 0)")
-        grid = [[by_key[(c, h)].median_ms for c in nodes] for h in levels]
-        weights = [[float(by_key[(c, h)].repeats) for c in nodes] for h in levels]
+        grid = [[by_key[(c, h)].median_ms if (c, h) in by_key else math.nan for c in nodes] for h in levels]
+        grid = fill_deepest(grid, levels)
+        weights = [[float(by_key[(c, h)].repeats) if (c, h) in by_key else KEPT_WEIGHT for c in nodes] for h in levels]
         odd = sorted({(int(c), int(h)) for c, h in odd if (c, h) in by_key})
         rows = monotone_grid(grid, weights, [(levels.index(h), nodes.index(c)) for c, h in odd])
         first, second = rows[0][0], rows[0][1]

@@ -5,7 +5,13 @@ The grid, where the decisions are made: chunk sizes of the 1-1.5-2 ladder (1, 32
 bends, knees and tile steps between 32 tokens and the base chunk are measured at sizes
 that sit on tile boundaries, and C = 1 measures what a decode costs; every size at
 every history length (0 and ``history_points`` lengths evenly up to the deepest history
-the scheduler will see). The tile probe: pairs of sizes S and S + 1 without history at
+the scheduler will see). That deepest history is the base chunk's (the context less the
+base chunk) but every smaller size runs deeper: the prompt's last base chunk of tokens,
+a quarter of a 32k prompt at base 8192 and its dearest steps, would be read from the
+levels above. So the deepest level lies half a base chunk deeper, where the sizes up to
+half the base chunk still fit, and the larger sizes, which do not, are not measured there
+(core/cpp_latency_model.py continues their line), when the level above still fits the
+base chunk (``history_levels_for``). The tile probe: pairs of sizes S and S + 1 without history at
 the first boundary of each candidate tile (64 to 512 tokens), ``PROBE_REPEATS`` times
 each a pass (core/cpp_acceptance.py tells whether time steps there).
 
@@ -16,7 +22,15 @@ from __future__ import annotations
 
 from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES
 
-__all__ = ["PROBE_REPEATS", "SMALLEST_LADDER_CHUNK", "chunk_ladder", "history_levels", "profile_plan", "tile_probe"]
+__all__ = [
+    "PROBE_REPEATS",
+    "SMALLEST_LADDER_CHUNK",
+    "chunk_ladder",
+    "history_levels",
+    "history_levels_for",
+    "profile_plan",
+    "tile_probe",
+]
 
 SMALLEST_LADDER_CHUNK = 32
 PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
@@ -57,6 +71,16 @@ def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[
     return levels
 
 
+def history_levels_for(base_chunk_tokens: int, max_history_tokens: int, count: int, align: int = 1) -> list[int]:
+    """The profile's history levels for a base chunk whose deepest history is ``max_history_tokens``: the
+    deepest half a base chunk deeper when the level above it still fits the base chunk (module docstring)."""
+    context = max_history_tokens + base_chunk_tokens
+    deeper = history_levels(max_history_tokens + base_chunk_tokens // 2, count, align)
+    if max_history_tokens > 0 and len(deeper) >= 3 and deeper[-2] + base_chunk_tokens <= context:
+        return deeper
+    return history_levels(max_history_tokens, count, align)
+
+
 def tile_probe(base_chunk_tokens: int) -> list[tuple[int, int]]:
     """Pairs (S, S + 1) without history at each candidate tile's first boundary, S = the tile
     (core/cpp_acceptance.py): one token past the smallest chunk a tile holds costs a whole
@@ -75,10 +99,12 @@ def profile_plan(
 ) -> list[tuple[int, int]]:
     """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
     and the tile probe, each probe point ``PROBE_REPEATS`` times a pass (its S counting the grid's run)."""
+    context = max_history_tokens + base_chunk_tokens
     grid = [
         (chunk, history)
-        for history in history_levels(max_history_tokens, history_points, align)
+        for history in history_levels_for(base_chunk_tokens, max_history_tokens, history_points, align)
         for chunk in chunk_ladder(base_chunk_tokens, points)
+        if chunk + history <= context
     ]
     probe = []
     for run in tile_probe(base_chunk_tokens) * PROBE_REPEATS:  # S and S + 1 alternate: drift falls on both

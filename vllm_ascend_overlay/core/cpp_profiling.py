@@ -29,16 +29,16 @@ The grid, where the decisions are made: chunk sizes of the 1-1.5-2 ladder (1, 32
 96, 128, 192, 256, ... up to the base chunk, ``max_num_batched_tokens``), so a device's
 bends, knees and tile steps between 32 tokens and the base chunk are measured at sizes
 that sit on tile boundaries, and C = 1 measures what a decode costs; every size at
-every history length (0 and ``profile_history_points`` lengths evenly up to the deepest
-history the scheduler will see), so the efficient chunk and the chunk for a time are
+every history length it fits (0 and ``profile_history_points`` lengths evenly up to the
+deepest history the scheduler will see), so the efficient chunk and the chunk for a time are
 read from measurements, at small chunks too; and a tile probe, pairs of sizes S and
 S + 1 without history at the first boundary of each candidate tile (64 to 512 tokens),
 ``PROBE_REPEATS`` times each a pass, which tells whether time steps at tile boundaries
 (core/cpp_acceptance.py; the plan is core/cpp_profile_plan.py). For the default base
-chunk of 8192: 17 sizes x 5 lengths + 20 probe runs (each S is on the ladder), 2 passes:
-210 runs after 2 warm-up runs. After the rounds, up to ``LOCATE_RUNS`` more runs in all
-measure falls again and, where the grid shows time jumping between two sizes (a step),
-bisect the segment to place the jump (``locate_runs``): at most 218.
+chunk of 8192: 17 sizes x 5 lengths, less two at the deepest, + 20 probe runs (each S is on
+the ladder), 2 passes: 206 runs after 2 warm-up runs. After the rounds, up to ``LOCATE_RUNS``
+more runs in all measure falls again and, where the grid shows time jumping between two
+sizes (a step), bisect the segment to place the jump (``locate_runs``): at most 214.
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.

@@ -13,6 +13,7 @@ from vllm_ascend import deployment
 from vllm_ascend.core import cpp_profile_store, cpp_profiling
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_config import CppConfig
+from vllm_ascend.core.cpp_profile_plan import history_levels_for
 
 
 def test_plan_is_the_ladder_at_every_history_with_the_tile_probe_in_passes():
@@ -47,6 +48,28 @@ def test_a_smaller_budget_of_sizes_drops_the_middle_sizes_first(points):
 def test_any_token_budget_gets_three_sizes_or_more_up_to_itself(base):
     ladder = cpp_profiling.chunk_ladder(base, 24)
     assert len(ladder) >= 3 and ladder[-1] == base and ladder == sorted(set(ladder))
+
+
+@pytest.mark.parametrize(
+    "base, max_history, history_points, deeper",
+    [(8192, 24_576, 4, True), (2048, 129_024, 4, True), (8192, 8192, 4, False), (8192, 24_576, 1, False)],
+)
+def test_the_deepest_level_is_as_deep_as_half_the_base_chunk_runs_when_the_level_above_fits_the_base(
+    base, max_history, history_points, deeper
+):
+    """Every planned run fits the context; the sizes up to half the base chunk are run at every level, the
+    base chunk at every level but (when the deepest is deeper than its own) the deepest. A level above that
+    would not fit the base chunk (little history, or one level) keeps the deepest at the base chunk's."""
+    context = max_history + base
+    levels = history_levels_for(base, max_history, history_points)
+    assert (levels[-1] == max_history + base // 2) is deeper and (levels[-1] == max_history) is not deeper
+    plan = set(cpp_profiling.profile_plan(
+        base_chunk_tokens=base, points=24, repeats=1, history_points=history_points, max_history_tokens=max_history
+    ))  # fmt: skip
+    assert all(c + h <= context for c, h in plan)
+    for c in cpp_profiling.chunk_ladder(base, 24):
+        missing = [h for h in levels if (c, h) not in plan]
+        assert missing == ([levels[-1]] if deeper and 2 * c > base else []), c
 
 
 def test_plan_without_room_for_history_has_only_fresh_runs():

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from vllm_ascend.core.cpp_ladder import ladder as overlay_ladder
+from vllm_ascend_patchset.paths import BENCH_DIR
 from vllm_ascend_patchset.twin import policies, slo, stress
 from vllm_ascend_patchset.twin.ladder import ladder
 
@@ -25,3 +29,15 @@ def test_an_odd_point_spreads_to_the_ladder_sizes_either_side():
         below = max((c for c in rungs if c < size), default=size / 2)
         above = min((c for c in rungs if c > size), default=size * 2)
         assert stress._ladder_neighbours(size) == (below, above), size
+
+
+def test_the_mixed_traffic_bench_sweeps_the_ladder_from_128():
+    sys.path.insert(0, str(BENCH_DIR))  # cpp_mixed imports cpp_surfaces as its folder's module
+    try:
+        spec = importlib.util.spec_from_file_location("cpp_mixed", BENCH_DIR / "cpp_mixed.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    assert module.SWEEP == ",".join(map(str, ladder(128, 8192)))
+    assert module.SWEEP.startswith("128,192,256,384,512,768,") and module.SWEEP.endswith(",6144,8192")

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from cpp_surfaces import SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
+from vllm_ascend_patchset.twin.ladder import ladder  # noqa: E402
 from vllm_ascend_patchset.twin.options import parse_chunks, parse_seeds, parse_stages  # noqa: E402
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.slo import default_slo  # noqa: E402
@@ -37,7 +38,7 @@ MIXED_SURFACES = [
 
 # Steps of 1.5x and 4/3 alternately: the tuned fixed chunk is within about 15% of the best size there is
 # (a power-of-two sweep misses, e.g., the 768 that beats both 512 and 1024 on a surface with tile steps).
-SWEEP = "128,192,256,384,512,768,1024,1536,2048,3072,4096,6144,8192"
+SWEEP = ",".join(map(str, ladder(128, 8192)))
 
 
 def check_args(args: argparse.Namespace) -> tuple[list[int], list[int], list[int]]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import statistics
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from vllm_ascend.core.cpp_samples import (
     MAX_LATENCY_MS,
     MIN_LATENCY_MS,
@@ -92,20 +95,46 @@ def test_no_repeats_no_scatter():
 
 
 def listed_scatter(samples):
-    """The scatter as its definition reads: every pair of repeats of a point listed, then their median."""
+    """The scatter as its definition reads: every pair of repeats of a point listed, sorted, the middle one (or
+    the mean of the middle two)."""
     by_point = {}
     for chunk, history, latency in samples:
         by_point.setdefault((chunk, history), []).append(latency)
     differences = []
     for values in by_point.values():
         median = statistics.median(values)
-        differences += [abs(a - b) / median for i, a in enumerate(values) for b in values[i + 1 :]]
-    return statistics.median(differences) / (0.6745 * math.sqrt(2.0)) if differences else 0.0
+        differences += [abs(a - b) / median for a, b in itertools.combinations(values, 2)]
+    if not differences:
+        return 0.0
+    differences.sort()
+    middle = len(differences) // 2
+    pair_median = differences[middle] if len(differences) % 2 else (differences[middle - 1] + differences[middle]) / 2
+    return pair_median / (0.6745 * math.sqrt(2.0))
+
+
+LATENCIES = st.one_of(
+    st.floats(MIN_LATENCY_MS, MAX_LATENCY_MS),  # any time a pass can take
+    st.floats(99.0, 101.0),  # close together: their differences keep few bits
+    st.sampled_from([MIN_LATENCY_MS, 1.0, 1.5, 10.0, 10.1, 100.0, MAX_LATENCY_MS]),  # ties
+)
+
+
+# A point measured a few times, or many (from 18 repeats, more than 8 pairs a sample: thousands of pairs).
+REPEATS = st.one_of(st.lists(LATENCIES, min_size=1, max_size=6), st.lists(LATENCIES, min_size=18, max_size=70))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(REPEATS, min_size=1, max_size=4), st.randoms())
+def test_the_scatter_is_the_median_of_every_listed_pair_to_the_last_bit(repeats_of_points, rng):
+    """Any number of points, each measured from once to 70 times, in any order: the same float as the listing."""
+    samples = [(chunk, 0, ms) for chunk, repeats in enumerate(repeats_of_points, start=1) for ms in repeats]
+    rng.shuffle(samples)
+    assert group_points(samples)[1] == listed_scatter(samples)
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_the_scatter_is_exactly_the_median_of_every_pair_however_many_repeats(seed):
-    """Few repeats (pairs listed) and many (the median selected by counting) give the same float."""
+    """Few repeats and many (thousands of pairs) give the listing's float."""
     rng = random.Random(seed)
     samples = []
     for chunk in range(1, rng.randint(2, 6)):
@@ -117,25 +146,8 @@ def test_the_scatter_is_exactly_the_median_of_every_pair_however_many_repeats(se
     assert group_points(samples)[1] == listed_scatter(samples)
 
 
-class Counted(float):
-    """A latency that counts the subtractions made with it: what listing every pair costs."""
-
-    subtractions = 0
-
-    def __sub__(self, other):
-        Counted.subtractions += 1
-        return float(self) - float(other)
-
-
-def test_many_repeats_of_one_point_cost_linear_work_not_every_pair():
-    """A cached file once held 20,000 repeats of one point: listing their 2e8 pairs took minutes and gigabytes."""
-    repeats = 2000
-    Counted.subtractions = 0
-    samples = [(256, 0, Counted(10.0 + (i % 2))) for i in range(repeats)]
-    _, scatter = group_points(samples)
-    assert Counted.subtractions <= 200 * repeats  # 64 counting passes at most; every pair is 2e6
-    # Half the pairs differ by 1 ms (around a median of 10.5 ms), half by nothing: the median is a difference.
-    assert scatter == (1 / 10.5) / (0.6745 * math.sqrt(2.0))
-    # So 20,000 repeats (2e8 pairs) are read in a few passes; the result is the same rule's.
-    many = [(256, 0, 10.0 + (i % 2)) for i in range(10 * repeats)]
-    assert group_points(many) == ([Point(256, 0, 10.5, 10 * repeats)], scatter)
+def test_a_point_repeated_as_often_as_a_profile_may_is_one_point_and_the_median_of_its_pairs():
+    """200 runs of one point (more than a profile makes of any): 9,900 pairs differ by nothing, 10,000 by 1 ms
+    around a median of 10.5 ms, so the median pair is one of the latter."""
+    many = [(256, 0, 10.0 + (i % 2)) for i in range(200)]
+    assert group_points(many) == ([Point(256, 0, 10.5, 200)], (1 / 10.5) / (0.6745 * math.sqrt(2.0)))

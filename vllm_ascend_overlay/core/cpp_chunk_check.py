@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from vllm_ascend.core.cpp_chunk_rule import ChunkRule, EfficientChunks, Plan
+from vllm_ascend.core.cpp_ladder import ladder
 from vllm_ascend.core.cpp_regions import region_plan
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
@@ -56,6 +57,7 @@ __all__ = [
 
 EXACT_MAX_CHUNKS = 48  # a first prefill of at most this many chunks is planned chunk by chunk
 _STEP_SEARCH_ROUNDS = 16  # bisections for the target at which a chunk count steps
+_LARGEST_SWEPT = 96 << 23  # the fixed sweep stops at 805M tokens, past any context
 _CONSTANT_MAX_CHUNKS = 4 * EXACT_MAX_CHUNKS  # on tiles, constant chunks are weighed for prompts of up to so many
 _CONSTANT_SIZES = 6  # ... of at most so many sizes (and the best one's neighbours)
 
@@ -230,7 +232,7 @@ def fixed_sweep(rule: ChunkRule) -> list[int]:
     """The fixed chunks a user sweeps: 64 tokens and up in 1-1.5-2 steps, and the cap itself (those the
     step budget grants as they are)."""
     cap = rule.limits.cap_tokens
-    return _grantable(rule, {cap} | {size << k for size in (64, 96) for k in range(24) if size << k < cap})
+    return _grantable(rule, {cap, *ladder(64, min(cap - 1, _LARGEST_SWEPT))})
 
 
 def _constant_times(rule: ChunkRule, prefill: tuple[int, int], chunk: int, extra_ms: float) -> list[float]:

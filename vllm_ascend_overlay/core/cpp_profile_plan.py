@@ -21,6 +21,7 @@ Pure Python: no vLLM.
 from __future__ import annotations
 
 from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES
+from vllm_ascend.core.cpp_ladder import SMALLEST_LADDER_CHUNK, ladder
 
 __all__ = [
     "PROBE_REPEATS",
@@ -32,7 +33,6 @@ __all__ = [
     "tile_probe",
 ]
 
-SMALLEST_LADDER_CHUNK = 32
 PROBE_REPEATS = 3  # runs of each tile probe point per pass: a step is told from noise by the medians' error
 
 
@@ -43,22 +43,18 @@ def chunk_ladder(base_chunk_tokens: int, points: int) -> list[int]:
     there are more.
     """
     base = max(1, int(base_chunk_tokens))
-    powers, middles = [], []
-    size = SMALLEST_LADDER_CHUNK
-    while size < base:
-        powers.append(size)
-        if size >= 64 and size * 3 // 2 < base:
-            middles.append(size * 3 // 2)
-        size *= 2
+    below = ladder(SMALLEST_LADDER_CHUNK, base - 1)
+    powers = [size for size in below if size & (size - 1) == 0]
+    middles = [size for size in below if size & (size - 1)]  # the 1.5x sizes
     fixed = sorted({1, *powers, base})
     if len(fixed) < 3:  # a tiny token budget: its quarters, so the model still has a shape
         fixed = sorted({1, max(1, base // 4), max(1, base // 2), base})
     spare = max(0, points - len(fixed))
     kept = middles[len(middles) - spare :] if spare < len(middles) else middles
-    ladder = sorted({*fixed, *kept})
-    while len(ladder) > max(points, 3):  # a tiny budget: keep 1, the base and evenly spread powers
-        ladder.pop(len(ladder) // 2)
-    return ladder
+    sizes = sorted({*fixed, *kept})
+    while len(sizes) > max(points, 3):  # a tiny budget: keep 1, the base and evenly spread powers
+        sizes.pop(len(sizes) // 2)
+    return sizes
 
 
 def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[int]:

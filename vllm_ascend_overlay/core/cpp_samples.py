@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import numbers
 import statistics
-import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -127,89 +126,17 @@ def group_points(samples: Iterable[tuple[int, int, float]]) -> tuple[list[Point]
     difference of two samples has deviation sigma * sqrt(2), whose median absolute value
     is 0.6745 of it, so sigma = median(|a - b| / point median) / (0.6745 * sqrt(2)) over
     every pair of repeats of every point measured more than once. A wild repeat moves a
-    median, not the estimate. 0.0 when no point was measured twice. The pairs are never
-    listed when there are many (n repeats of one point make n^2 / 2): their median is
-    selected by counting (``_pair_median``), so the cost stays near linear in the samples.
+    median, not the estimate. 0.0 when no point was measured twice. The pairs are listed: a
+    profile runs a point at most about a hundred times (a cached file holding more is refused
+    before it is judged, core/cpp_profile_store.py ``check_size``), so they number about as
+    many as the samples times fifty.
     """
     by_point: dict[tuple[int, int], list[float]] = {}
     for chunk, history, latency in samples:
         by_point.setdefault((chunk, history), []).append(latency)
-    points, groups = [], []
+    points, differences = [], []
     for (chunk, history), values in sorted(by_point.items(), key=lambda item: (item[0][1], item[0][0])):
         median = statistics.median(values)
         points.append(Point(chunk, history, median, len(values)))
-        if len(values) > 1:
-            groups.append((sorted(values), median))
-    differences = _pair_median(groups)
-    return points, 0.0 if differences is None else differences / (0.6745 * math.sqrt(2.0))
-
-
-LISTED_PAIRS = 8  # pairs per sample up to which they are listed and sorted; beyond, selected by counting
-
-
-def _pair_median(groups: Sequence[tuple[list[float], float]]) -> float | None:
-    """The median of (b - a) / m over every pair a <= b of one group's sorted values (m: its median); None if none.
-
-    Exactly ``statistics.median`` of the listed pairs (the same floats: b - a is |a - b|),
-    in O(n log n) for n samples however they are spread over points.
-    """
-    n = sum(len(values) for values, _ in groups)
-    pairs = sum(len(values) * (len(values) - 1) // 2 for values, _ in groups)
-    if pairs == 0:
-        return None
-    if pairs <= LISTED_PAIRS * n:
-        return statistics.median(
-            (values[j] - a) / median
-            for values, median in groups
-            for i, a in enumerate(values)
-            for j in range(i + 1, len(values))
-        )
-    k = (pairs + 1) // 2  # the median's rank (1-based); with an even count, the mean of it and the next
-    kth = _kth_pair(groups, k)
-    if pairs % 2:
-        return kth
-    at_most, above = _count_pairs(groups, kth)
-    return (kth + (kth if at_most > k else above)) / 2
-
-
-def _count_pairs(groups: Sequence[tuple[list[float], float]], limit: float) -> tuple[int, float]:
-    """How many pairs' relative differences are at most ``limit``, and the least one above it (inf: none).
-
-    One pass of two pointers per group: (b - a) / m grows with b and shrinks with a, in
-    floating point too (rounding is monotone), so the pairs within ``limit`` of each a
-    end where they ended for the a before it, or later.
-    """
-    count, above = 0, math.inf
-    for values, median in groups:
-        size, j = len(values), 1
-        for i, a in enumerate(values):
-            j = max(j, i + 1)
-            while j < size and (values[j] - a) / median <= limit:
-                j += 1
-            count += j - i - 1
-            if j < size:
-                above = min(above, (values[j] - a) / median)
-    return count, above
-
-
-def _kth_pair(groups: Sequence[tuple[list[float], float]], k: int) -> float:
-    """The k-th least relative difference: the least float holding k pairs at or below it, found by
-    bisecting the bit patterns of the floats from 0 to the largest difference (at most 64 counting passes:
-    non-negative floats sort as their bit patterns do)."""
-    largest = max((values[-1] - values[0]) / median for values, median in groups)
-    low, high = 0, _bits(largest)
-    while low < high:
-        middle = (low + high) // 2
-        if _count_pairs(groups, _float(middle))[0] >= k:
-            high = middle
-        else:
-            low = middle + 1
-    return _float(low)
-
-
-def _bits(value: float) -> int:
-    return struct.unpack("<q", struct.pack("<d", value))[0]
-
-
-def _float(bits: int) -> float:
-    return struct.unpack("<d", struct.pack("<q", bits))[0]
+        differences += [abs(a - b) / median for i, a in enumerate(values) for b in values[i + 1 :]]
+    return points, statistics.median(differences) / (0.6745 * math.sqrt(2.0)) if differences else 0.0

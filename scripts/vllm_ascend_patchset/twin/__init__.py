@@ -9,8 +9,9 @@ saved). ``python -m vllm_ascend_patchset.twin --help`` for the command line.
 
 Modules: ``pipeline`` (the discrete-event core, independent of vLLM), ``surface``,
 ``surface_files`` (reading ``--surface``), ``stress`` (shapes a quadratic cannot follow),
-``workloads``, ``traces`` (public traces as workloads), ``options`` (workload and goodput
-options), ``engine`` (vLLM side, runs inside a policy's subprocess), ``policies``
-(which scheduler, which tree, subprocess runner), ``optimum``, ``report``, ``slo``
-(goodput), ``summary`` (one table over many cases), ``plot``, ``tune``.
+``ladder`` (CPP's chunk-size ladder), ``workloads``, ``traces`` (public traces as
+workloads), ``options`` (workload and goodput options), ``engine`` (vLLM side, runs
+inside a policy's subprocess), ``policies`` (which scheduler, which tree, subprocess
+runner), ``optimum``, ``report``, ``slo`` (goodput), ``summary`` (one table over many
+cases), ``plot``, ``tune``.
 """

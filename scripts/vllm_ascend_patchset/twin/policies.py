@@ -27,6 +27,7 @@ from typing import Any
 
 from ..paths import OVERLAY_DIR, PACKAGE, SCRIPTS_DIR, assembled_root
 from ..trees import ASSEMBLED, PRISTINE, tree_root
+from .ladder import ladder
 from .workloads import Workload
 
 OUR_SCHEDULER = OVERLAY_DIR / "core" / "scheduler_profiling_chunk.py"
@@ -34,7 +35,7 @@ OUR_SCHEDULER = OVERLAY_DIR / "core" / "scheduler_profiling_chunk.py"
 TWIN_ONLY_KEYS = frozenset({"cache_dir"})  # set by the twin for its own runs, not advice for a server
 FIXED_SWEEP_TOKENS = (128, 256, 512, 1024, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
 # 64 .. 32768 in 1-1.5-2 steps: what a user sweeps to find the fixed chunk that meets a TPOT bound
-SLO_SWEEP_TOKENS = tuple(sorted({64 << k for k in range(10)} | {96 << k for k in range(9)}))
+SLO_SWEEP_TOKENS = tuple(ladder(64, 32768))
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .ladder import ladder
 from .surface import Surface, batch_ms
 
 TTFT_FACTOR = 5.0
 REFERENCE_TOKENS = 16384
-GRID_TOKENS = tuple(sorted({64 << k for k in range(12)} | {96 << k for k in range(11)}))  # 64 .. 128k
+GRID_TOKENS = tuple(ladder(64, 131072))  # 64 .. 128k
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .ladder import ladder
+
 
 @dataclass(frozen=True)
 class StressSurface:
@@ -141,11 +143,13 @@ class StressSurface:
 ODD_HISTORY_SPAN = 8192.0  # an odd point reaches this many tokens of history either side
 
 
+LADDER = ladder(32, 98304)  # the odd points' neighbours: 32 .. 96k
+
+
 def _ladder_neighbours(size: float) -> tuple[float, float]:
     """The sizes of the 1-1.5-2 ladder (32, 64, 96, 128, 192, ...) either side of ``size``."""
-    ladder = sorted({32 << k for k in range(12)} | {48 << k for k in range(1, 12)})
-    below = max([c for c in ladder if c < size], default=size / 2)
-    above = min([c for c in ladder if c > size], default=size * 2)
+    below = max([c for c in LADDER if c < size], default=size / 2)
+    above = min([c for c in LADDER if c > size], default=size * 2)
     return below, above
 
 

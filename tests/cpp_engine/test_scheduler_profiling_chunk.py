@@ -455,7 +455,9 @@ def test_corrupt_cache_file_is_profiled_again(tmp_path, profiled):
     )
     assert cache_file.exists()
     cache_dir.mkdir()
-    (cache_dir / cache_file.name).write_text('{"schema_version": 2, "samples": [[1, 0, ')
+    (cache_dir / cache_file.name).write_text(
+        f'{{"schema_version": {cpp_profile_store.PROFILE_SCHEMA_VERSION}, "samples": [[1, 0, '
+    )
     executor = FakeExecutor()
     scheduler = cpp_scheduler(tmp_path, executor, cache_dir=cache_dir, model_dir=profiled[0] / "model")
     assert len(executor.calls) > 16 and scheduler.cpp_source.startswith("profiled")

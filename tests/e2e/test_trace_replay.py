@@ -280,7 +280,9 @@ def _profile(tmp_path):
     surface = load_surface("synthetic")
     samples = [[c, h, surface.time_ms(c, h)] for c in (64, 256, 1024, 2048) for h in (0, 4096, 16384, 32768)]
     path = tmp_path / "cpp-profile-x.json"
-    path.write_text(json.dumps({"schema_version": 2, "base_chunk_size": 2048, "samples": samples}))
+    from vllm_ascend.core.cpp_profile_store import PROFILE_SCHEMA_VERSION
+
+    path.write_text(json.dumps({"schema_version": PROFILE_SCHEMA_VERSION, "base_chunk_size": 2048, "samples": samples}))
     return path
 
 

@@ -114,10 +114,11 @@ def _fallback_chunk(points: Sequence[Point], limits: ChunkLimits, num_stages: in
         sizes.setdefault(p.history_tokens, set()).add(p.chunk_tokens)
     if 0 not in sizes:
         return None
-    if len(sizes) >= 3:  # the sizes too large for a whole deepest level count as there (as grid_part)
+    if len(sizes) >= 3:  # the sizes too large for the deepest level count as there (as in grid_part)
         above, deepest = sorted(sizes)[-2:]
-        if {c for c in sizes[above] if 2 * c <= max(sizes[above])} <= sizes[deepest]:
-            sizes[deepest] = sizes[deepest] | sizes[above]
+        largest = max(sizes[above])
+        if len({c for c in sizes[deepest] if 2 * c <= largest}) >= MIN_NODES:
+            sizes[deepest] = sizes[deepest] | {c for c in sizes[above] if 2 * c > largest}
     levels, common = [0], sizes[0]
     for history in sorted(sizes, key=lambda h: (-len(sizes[h]), h)):
         if history and len(common & sizes[history]) >= MIN_NODES:
@@ -134,7 +135,7 @@ def grid_part(points: Sequence[Point]) -> list[Point]:
     """The points whose chunk size was measured at every history length of the grid, the lengths its smallest
     size was measured at (the probe's extra sizes are not, nor the runs between lengths, core/cpp_odd_reach.py),
     or at every one but the deepest when it is over half the largest size (it does not fit there,
-    core/cpp_profile_plan.py) and every size up to half is measured there."""
+    core/cpp_profile_plan.py) and ``MIN_NODES`` sizes up to half are measured at every one."""
     smallest = min((p.chunk_tokens for p in points), default=0)
     histories = {p.history_tokens for p in points if p.chunk_tokens == smallest}
     sizes: dict[int, set[int]] = {}
@@ -143,8 +144,8 @@ def grid_part(points: Sequence[Point]) -> list[Point]:
     full = {c for c, measured in sizes.items() if measured >= histories}
     if len(histories) >= 3:
         above = {c for c, measured in sizes.items() if measured >= histories - {max(histories)}}
-        if {c for c in above if 2 * c <= max(above)} <= full:
-            full |= above
+        if len({c for c in full if 2 * c <= max(above)}) >= MIN_NODES:
+            full |= {c for c in above if 2 * c > max(above)}
     return [p for p in points if p.history_tokens in histories and p.chunk_tokens in full]
 
 

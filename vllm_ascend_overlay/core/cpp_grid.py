@@ -29,18 +29,36 @@ def isotonic(values: list[float], weights: list[float]) -> list[float]:
     return out
 
 
-def fill_deepest(grid: list[list[float]], levels: Sequence[float]) -> list[list[float]]:
+def fill_deepest(
+    grid: list[list[float]], nodes: Sequence[int], kept: Iterable[tuple[int, int]] = ()
+) -> list[list[float]]:
     """The grid [level][node] with its unmeasured (NaN) cells at the deepest level, the sizes too large to fit
-    there (core/cpp_profile_plan.py): each grows over the deepest interval as it did over the one before,
-    times what the largest size measured there grew by over the two (how time bends in history deep down,
-    measured); its own interval's slope continued when that size did not grow before."""
-    if len(levels) < 3 or all(t == t for t in grid[-1]):
+    there (core/cpp_profile_plan.py): the time at the level above plus what the deepest interval adds, a line
+    in the chunk size fitted (least squares) to what it adds to the sizes measured there from a sixteenth of
+    the largest, but the ``kept`` (odd) cells; never less than nothing.
+
+    History adds per step (the cache read) and per token of the chunk (attention to the cached tokens): a
+    line in C, exact for t = f(C) + u(H) + C x g(H) whatever f, u and g are; fitted over many sizes, so one
+    size's noise does not carry over (a flat surface's growth over an interval is within its noise)."""
+    if len(grid) < 2 or all(t == t for t in grid[-1]):
         return grid
-    measured = max(i for i, t in enumerate(grid[-1]) if t == t)
-    before = grid[-2][measured] - grid[-3][measured]
-    bend = (grid[-1][measured] - grid[-2][measured]) / before if before > 0 else 0.0
-    bend = bend if bend > 0 else (levels[-1] - levels[-2]) / (levels[-2] - levels[-3])
-    deepest = [b + bend * (b - a) if t != t else t for t, a, b in zip(grid[-1], grid[-3], grid[-2], strict=True)]
+    kept = set(kept)
+    deep = len(grid) - 1
+    measured = [i for i, t in enumerate(grid[-1]) if t == t and not {(deep, i), (deep - 1, i)} & kept]
+    upper = [i for i in measured if 16 * nodes[i] >= nodes[measured[-1]]] if measured else []
+    xs, ys = [float(nodes[i]) for i in upper], [grid[-1][i] - grid[-2][i] for i in upper]
+    slope, intercept = 0.0, 0.0
+    if len(xs) >= 2:
+        mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / sum(
+            (x - mean_x) ** 2 for x in xs
+        )
+        intercept = mean_y - slope * mean_x
+    elif xs:
+        slope = ys[0] / xs[0]
+    deepest = [
+        b + max(0.0, intercept + slope * c) if t != t else t for t, b, c in zip(grid[-1], grid[-2], nodes, strict=True)
+    ]
     return [*grid[:-1], deepest]
 
 

@@ -28,8 +28,8 @@ an odd point reaches in history is measured between levels (core/cpp_odd_reach.p
 Beyond the table: below the smallest chunk, its first segment's law with the exponent
 clamped to [0, 1]; above the largest chunk, the last segment's law with the exponent at
 least 1 (never cheaper per token than measured); beyond the deepest level, the last two
-levels' slope per size, never below 0 and made non-decreasing in C; the sizes too large to
-fit the deepest level (core/cpp_profile_plan.py) are read there on the same slope.
+levels' slope per size, never below 0 and made non-decreasing in C. The sizes too large to
+fit the deepest level (core/cpp_profile_plan.py) take there what it adds to those measured.
 
 A step of several requests costs the step's fixed cost once plus each request's own
 cost: ``batch_time_ms = fixed_ms + sum_i request_ms(C_i, H_i)`` with ``request_ms =
@@ -154,10 +154,10 @@ class LatencyModel:
         if levels[0] != 0:
             raise FitError("the profile has no chunk without history (history_tokens = 0)")
         grid = [[by_key[(c, h)].median_ms if (c, h) in by_key else math.nan for c in nodes] for h in levels]
-        grid = fill_deepest(grid, levels)
         weights = [[float(by_key[(c, h)].repeats) if (c, h) in by_key else KEPT_WEIGHT for c in nodes] for h in levels]
         odd = sorted({(int(c), int(h)) for c, h in odd if (c, h) in by_key})
-        rows = monotone_grid(grid, weights, [(levels.index(h), nodes.index(c)) for c, h in odd])
+        cells = [(levels.index(h), nodes.index(c)) for c, h in odd]
+        rows = monotone_grid(fill_deepest(grid, nodes, cells), weights, cells)
         first, second = rows[0][0], rows[0][1]
         slope = (second - first) / (nodes[1] - nodes[0])
         fixed_ms = min(first, max(0.0, first - nodes[0] * slope))

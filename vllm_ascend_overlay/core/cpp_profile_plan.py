@@ -10,10 +10,12 @@ base chunk) but every smaller size runs deeper: the prompt's last base chunk of 
 a quarter of a 32k prompt at base 8192 and its dearest steps, would be read from the
 levels above. So the deepest level lies half a base chunk deeper, where the sizes up to
 half the base chunk still fit, and the larger sizes, which do not, are not measured there
-(core/cpp_latency_model.py continues their line), when the level above still fits the
-base chunk (``history_levels_for``). The tile probe: pairs of sizes S and S + 1 without history at
-the first boundary of each candidate tile (64 to 512 tokens), ``PROBE_REPEATS`` times
-each a pass (core/cpp_acceptance.py tells whether time steps there).
+(the latency model gives them what that interval adds to the sizes measured there,
+core/cpp_grid.py ``fill_deepest``), when the level above still fits the base chunk
+(``history_levels_for``; with one level, or little history, the deepest stays the base
+chunk's). The tile probe: pairs of sizes S and S + 1 without history at the first
+boundary of each candidate tile (64 to 512 tokens), ``PROBE_REPEATS`` times each a pass
+(core/cpp_acceptance.py tells whether time steps there).
 
 Pure Python: no vLLM.
 """

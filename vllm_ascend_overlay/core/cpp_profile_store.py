@@ -40,7 +40,9 @@ __all__ = [
     "save_profile",
 ]
 
-PROFILE_SCHEMA_VERSION = 2  # 2: a grid of chunk sizes by history lengths, no fitted coefficients
+# 2: a grid of chunk sizes by history lengths, no fitted coefficients; 3: its deepest level half a base chunk
+# deeper, without the sizes that do not fit there (core/cpp_profile_plan.py): a build of one reads none of the other
+PROFILE_SCHEMA_VERSION = 3
 MAX_PROFILE_BYTES = 4 << 20  # a profile of a few thousand samples is ~100 kB
 MAX_PROFILE_SAMPLES = 20_000
 CACHED_HISTORY_COVERAGE = 0.5  # a cached profile must reach this share of the history in use

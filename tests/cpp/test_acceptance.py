@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, start_up_samples
+from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, Waves, start_up_samples
 from vllm_ascend.config_table import settings
 from vllm_ascend.core import cpp_acceptance
 from vllm_ascend.core.cpp_acceptance import (
@@ -70,6 +70,16 @@ def broken_samples():
     samples = start_up_samples(TRUE, noise=0.01)
     deep = max(h for _, h, _ in samples)
     return [(c, h, t if h != deep or c == 1 else float("nan")) for c, h, t in samples]
+
+
+def test_the_fallback_may_run_a_size_too_large_for_the_deepest_level():
+    """A step's fixed cost that dominates (a large chunk is best) and a middle history length broken: the
+    fixed chunk that runs is the base chunk, which was not run at the deepest length (it does not fit)."""
+    truth = Quadratic(200.0, 0.01, 1e-5, 1e-7, 1e-8)
+    samples = start_up_samples(truth, noise=0.01)
+    middle = sorted({h for _, h, _ in samples})[2]
+    verdict = verdict_on([(c, h, t if h != middle or c in (1, 32) else float("nan")) for c, h, t in samples])
+    assert verdict.model is None and verdict.fixed_chunk_tokens == 8192
 
 
 @pytest.mark.parametrize("lost", [512, 4096])

@@ -114,11 +114,9 @@ def _fallback_chunk(points: Sequence[Point], limits: ChunkLimits, num_stages: in
         sizes.setdefault(p.history_tokens, set()).add(p.chunk_tokens)
     if 0 not in sizes:
         return None
-    if len(sizes) >= 3:  # the sizes too large for the deepest level count as there (as in grid_part)
+    if len(sizes) >= 3:
         above, deepest = sorted(sizes)[-2:]
-        largest = max(sizes[above])
-        if len({c for c in sizes[deepest] if 2 * c <= largest}) >= MIN_NODES:
-            sizes[deepest] = sizes[deepest] | {c for c in sizes[above] if 2 * c > largest}
+        sizes[deepest] = sizes[deepest] | _unfit_deepest(sizes[deepest], sizes[above])
     levels, common = [0], sizes[0]
     for history in sorted(sizes, key=lambda h: (-len(sizes[h]), h)):
         if history and len(common & sizes[history]) >= MIN_NODES:
@@ -131,11 +129,18 @@ def _fallback_chunk(points: Sequence[Point], limits: ChunkLimits, num_stages: in
     return best_fixed_chunk(rule, reference_prompt_tokens(rule, max_history))
 
 
+def _unfit_deepest(at_deepest: set[int], above: set[int]) -> set[int]:
+    """The sizes measured at the level above the deepest that count as measured at the deepest: those over half
+    the largest, which do not fit there (core/cpp_profile_plan.py), when ``MIN_NODES`` sizes up to half were."""
+    largest = max(above, default=0)
+    enough = len({c for c in at_deepest if 2 * c <= largest}) >= MIN_NODES
+    return {c for c in above if 2 * c > largest} if enough else set()
+
+
 def grid_part(points: Sequence[Point]) -> list[Point]:
     """The points whose chunk size was measured at every history length of the grid, the lengths its smallest
-    size was measured at (the probe's extra sizes are not, nor the runs between lengths, core/cpp_odd_reach.py),
-    or at every one but the deepest when it is over half the largest size (it does not fit there,
-    core/cpp_profile_plan.py) and ``MIN_NODES`` sizes up to half are measured at every one."""
+    size was measured at (not the probe's extra sizes, nor the runs between lengths, core/cpp_odd_reach.py),
+    or at every one but the deepest when it does not fit there (``_unfit_deepest``)."""
     smallest = min((p.chunk_tokens for p in points), default=0)
     histories = {p.history_tokens for p in points if p.chunk_tokens == smallest}
     sizes: dict[int, set[int]] = {}
@@ -143,9 +148,7 @@ def grid_part(points: Sequence[Point]) -> list[Point]:
         sizes.setdefault(p.chunk_tokens, set()).add(p.history_tokens)
     full = {c for c, measured in sizes.items() if measured >= histories}
     if len(histories) >= 3:
-        above = {c for c, measured in sizes.items() if measured >= histories - {max(histories)}}
-        if len({c for c in full if 2 * c <= max(above)}) >= MIN_NODES:
-            full |= {c for c in above if 2 * c > max(above)}
+        full |= _unfit_deepest(full, {c for c, measured in sizes.items() if measured >= histories - {max(histories)}})
     return [p for p in points if p.history_tokens in histories and p.chunk_tokens in full]
 
 

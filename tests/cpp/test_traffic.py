@@ -249,6 +249,33 @@ def test_the_decode_bound_takes_the_smallest_chunk_near_the_best(truth):
     assert sizes[0] > sizes[-1]
 
 
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE])
+def test_the_decode_bound_moves_a_little_with_a_small_change(truth):
+    """Near the flat bottom of the predicted TTFT curve, a change of a percent in the model (here: in
+    the bound, the same thing relative to the curve) moves the tuned chunk by about as much, never
+    by a ladder step: the chunk is read where the curve crosses the bound between profiled sizes."""
+    rule = rule_for(truth, 2)
+    load = Load(2e-4, 0.2, PROMPTS)
+    slacks = np.geomspace(1e-3, 0.4, 60)
+    chunks = [tuned_fixed_chunk(rule, load, rule.model.fixed_ms, 2, float(slack)) for slack in slacks]
+    assert chunks == sorted(chunks, reverse=True)
+    assert max(chunks) / min(chunks) >= 2  # the sweep crosses ladder steps (of 1.33x and 1.5x)
+    steps = [a / b for a, b in zip(chunks, chunks[1:], strict=False)]
+    assert max(steps) < 1.1
+    ladder = sorted(c for c in rule.model.chunk_tokens if c >= rule.limits.floor_tokens)
+    assert any(c not in ladder for c in chunks)  # read between the sizes, not snapped to them
+
+
+def test_on_a_tiled_device_the_decode_bound_is_whole_tiles_or_a_profiled_size():
+    limits = ChunkLimits(base_chunk_tokens=8192, max_model_len=131_072, granule_tokens=256)
+    rule = rule_for(Tiles(256), 4, limits)
+    load = Load(2e-4, 0.2, PROMPTS)
+    ladder = set(rule.model.chunk_tokens)
+    for slack in np.linspace(0.01, 0.4, 40):
+        chunk = tuned_fixed_chunk(rule, load, rule.model.fixed_ms, 2, float(slack))
+        assert chunk % 256 == 0 or chunk in ladder, (slack, chunk)
+
+
 def test_a_burst_does_not_lengthen_the_batches_decodes_wait_for():
     """Rule 4's chunk is tuned for the traffic at large (its steady rate), not for a burst's rate."""
     rule = rule_for(TRUE, 4)

@@ -43,12 +43,14 @@ token of the prefills the scheduler holds, given P stages:
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
-   smallest size whose predicted mean TTFT, at the traffic's steady arrival rate and
+   smallest chunk whose predicted mean TTFT, at the traffic's steady arrival rate and
    with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least: the chunk a user
    would tune by hand, who near the flat bottom of that curve takes the smaller size for
-   the shorter batches, and whose prediction is no sharper than that; a fixed chunk packs
-   short prompts into one batch), no chunk is larger than that chunk (the plan's C*(H)
-   is capped by it) and the prefills of one batch share that many tokens
+   the shorter batches, and whose prediction is no sharper than that; read where the
+   curve crosses that bound between profiled sizes, so a small change in the model moves
+   it a little, not a ladder step; a fixed chunk packs short prompts into one batch), no
+   chunk is larger than that chunk (the plan's C*(H) is capped by it) and the prefills of
+   one batch share that many tokens
    (``Plan.batch_tokens``), so at any history no batch is longer than that chunk's would
    be there: decodes wait no longer than under it, wherever in a prompt they fall.
    Within that bound the planner still chooses the chunks, by an explicit objective: the

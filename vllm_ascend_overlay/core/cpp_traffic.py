@@ -7,7 +7,7 @@
   what arrives.
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
 - ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
-  under a load is least, or with a slack the smallest within that share of the least
+  under a load is least, or with a slack the smallest chunk within that share of the least
   (the chunk a user would tune by hand; the planner asks at the steady rate), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_rule import ChunkRule
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule, whole_tokens
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 __all__ = [
@@ -141,8 +141,14 @@ def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
 
 
 def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1, slack: float = 0.0) -> float:
-    """The fixed chunk a user would tune by hand for this traffic: the least predicted mean TTFT
-    (with ``slack``, the smallest size whose predicted mean TTFT is within that share of the least).
+    """The fixed chunk a user would tune by hand for this traffic: the profiled size of the least
+    predicted mean TTFT; with ``slack``, the smallest chunk whose predicted mean TTFT is within that
+    share of the least, where the curve through the profiled sizes crosses that bound (linear in
+    the log of the size between the last size above it and the first within it; on a tiled
+    device rounded up to whole tiles, as far as that first size). A curve flat near its least
+    crosses the bound at a small angle: taking the first ladder size within it would turn a
+    change of a percent in the model into a chunk half as large again, and the batches decodes
+    wait for with it.
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
     to the cap, a job chunked at that size takes its own time plus a batch's fixed cost per
@@ -174,7 +180,15 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)
     ttft_ms = queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
-    return float(np.min(sizes[ttft_ms <= np.min(ttft_ms) * (1.0 + slack)]))
+    bound = float(np.min(ttft_ms)) * (1.0 + slack)
+    first = int(np.argmax(ttft_ms <= bound))
+    above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
+    if first == 0 or slack <= 0.0 or not math.isfinite(above):
+        return float(sizes[first])
+    share = (above - bound) / (above - within)  # in (0, 1]: above > bound >= within
+    crossing = whole_tokens(sizes[first - 1] * (sizes[first] / sizes[first - 1]) ** share)
+    granule = limits.granule_tokens  # a part of a tile costs a whole tile: up to whole tiles, within the ladder
+    return float(max(sizes[first - 1], min(sizes[first], -(-crossing // granule) * granule)))
 
 
 def fixed_chunk_batch_ms(

@@ -109,6 +109,33 @@ def test_the_kept_state_is_what_a_rebuild_reads_and_the_batches_are_the_same(tmp
     assert kept.cpp_running.memory()["requests"] == 0  # every request left
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_passed_over_preempted_request_that_finishes_is_not_scheduled(tmp_path, policy):
+    """A request preempted while its last token is in flight, then passed over (so it waits in
+    ``skipped_waiting``), finishes when that output comes back: it leaves every queue, and the
+    next step schedules the rest (vLLM takes it out of ``waiting`` only)."""
+    scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy=policy)
+    scheduler.add_request(helpers.make_request("done", list(range(1, 40)), max_tokens=1))
+    scheduler.add_request(helpers.make_request("other", list(range(100, 160)), max_tokens=4))
+    out = scheduler.schedule()
+    assert "done" in out.num_scheduled_tokens  # its whole prompt: the output brings its one token
+    output = helpers.model_output(scheduler, out)  # (what the device computed before the preemption)
+    request = scheduler.requests["done"]
+    scheduler.running.remove(request)
+    scheduler._preempt_request(request, 0.0)  # preempted while the output is in flight...
+    scheduler.waiting.remove_requests([request])
+    scheduler.skipped_waiting.add_request(request)  # ... and passed over
+    scheduler.update_from_output(out, output)
+    assert request.is_finished()
+    assert request not in list(scheduler.skipped_waiting) and request not in list(scheduler.waiting)
+    for _ in range(20):  # before: "Invalid request status: FINISHED_LENGTH_CAPPED" at the next step
+        out = scheduler.schedule()
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+        if not scheduler.has_unfinished_requests():
+            break
+    assert not scheduler.has_unfinished_requests()
+
+
 def test_the_workload_preempts_and_hits_the_prefix_cache(tmp_path):
     """The workload above does what it is there for: requests are preempted and prompts hit the cache."""
     scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy="fcfs")

@@ -6,6 +6,7 @@ see the same thing:
 
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
+  ``drop_finished_skipped``: that queue less the requests that finished there;
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
   makes it once a step for the plan and the allotment;
@@ -23,12 +24,31 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PrefixHits", "allotment_candidates", "plan_shape", "prefix_hit_tokens", "waiting_in_order"]
+__all__ = [
+    "PrefixHits",
+    "allotment_candidates",
+    "drop_finished_skipped",
+    "plan_shape",
+    "prefix_hit_tokens",
+    "waiting_in_order",
+]
 
 
 def waiting_in_order(scheduler: Any) -> Iterator[Any]:
     """The waiting requests in the order admission takes them: those passed over before first."""
     return itertools.chain(scheduler.skipped_waiting, scheduler.waiting)
+
+
+def drop_finished_skipped(scheduler: Any) -> None:
+    """Take the finished requests out of vLLM's skipped queue, after an output is back. A request
+    preempted while its last token was in flight, then passed over (CPP's admission does that),
+    finishes there: vLLM takes a preempted request that finishes out of ``waiting`` only, and its
+    next step would schedule it ("Invalid request status"). The queue holds the few requests
+    passed over: a short walk, and none when it is empty."""
+    queue = scheduler.skipped_waiting
+    finished = [request for request in queue if request.is_finished()] if queue else []
+    if finished:
+        queue.remove_requests(finished)
 
 
 def prefix_hit_tokens(scheduler: Any, request: Any) -> int:

@@ -47,6 +47,7 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import RequestStatus
+from vllm_ascend.core import cpp_held
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
 from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape, waiting_in_order
@@ -121,13 +122,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             kv_capacity_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
             max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - base_tokens)
             start_up = initialise_profile(
-                self.cpp_config,
-                limits,
-                num_stages,
-                fingerprint=fingerprint_for(self.vllm_config),
-                measure=measure,
-                max_history_tokens=max_history_tokens,
-            )
+                self.cpp_config, limits, num_stages,
+                fingerprint=fingerprint_for(self.vllm_config), measure=measure, max_history_tokens=max_history_tokens,
+            )  # fmt: skip
         except Exception as error:  # never let CPP take the engine down: fixed chunking instead
             logger.warning("[CPP] start-up failed (%s: %s); fixed chunking for this run", type(error).__name__, error)
             return
@@ -373,7 +370,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             self._calibrate(scheduler_output, model_runner_output)
         except Exception as error:
             self._cpp_fault("online calibration", error)
-        return super().update_from_output(scheduler_output, model_runner_output)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        cpp_held.drop_finished_skipped(self)  # (a request passed over may finish there: vLLM leaves it in that queue)
+        return outputs
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         self.cpp_running.stale = True  # (running requests may be preempted, with no step to say so)

@@ -6,9 +6,11 @@ import math
 
 import numpy as np
 import pytest
-from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, measured_model
+from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, measured_model, start_up_samples
+from vllm_ascend.core.cpp_acceptance import judge
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_planner import TUNED_CHUNK_SLACK, plan_target, target_bounds
+from vllm_ascend.core.cpp_profiling import locate_runs
 from vllm_ascend.core.cpp_traffic import (
     MIN_ARRIVALS,
     MIN_ROOM,
@@ -18,6 +20,7 @@ from vllm_ascend.core.cpp_traffic import (
     Load,
     Traffic,
     fixed_chunk_batch_ms,
+    fixed_chunk_ttft_ms,
     queue_wait_ms,
     tuned_fixed_chunk,
 )
@@ -264,6 +267,48 @@ def test_the_decode_bound_moves_a_little_with_a_small_change(truth):
     assert max(steps) < 1.1
     ladder = sorted(c for c in rule.model.chunk_tokens if c >= rule.limits.floor_tokens)
     assert any(c not in ladder for c in chunks)  # read between the sizes, not snapped to them
+
+
+@pytest.mark.parametrize("truth", [TRUE, NPU_LIKE, CPU_LIKE])
+def test_the_decode_bound_is_never_a_profiled_size_above_the_bound(truth):
+    """Read between two sizes, the chunk is rounded up: never down onto the size outside the bound."""
+    rule = rule_for(truth, 2)
+    load, fixed_ms = Load(2e-4, 0.2, PROMPTS), rule.model.fixed_ms
+    ladder = np.array([c for c in rule.model.chunk_tokens if c >= rule.limits.floor_tokens], dtype=np.float64)
+    curve = fixed_chunk_ttft_ms(rule, load, fixed_ms, 2, ladder)
+    # Bounds a hair below each size's TTFT: that size is just outside, the crossing just above it.
+    for size, ttft in zip(ladder, curve, strict=True):
+        slack = ttft * (1 - 1e-7) / curve.min() - 1
+        if slack > 0:
+            chunk = tuned_fixed_chunk(rule, load, fixed_ms, 2, slack)
+            assert chunk != size and fixed_chunk_ttft_ms(rule, load, fixed_ms, 2, np.array([chunk]))[0] < ttft
+
+
+def test_on_a_device_with_waves_the_decode_bound_takes_the_whole_wave():
+    """Where the crossing falls inside a wave of the model (a step between profiled sizes), the chunk is the
+    wave's end: the same time for the most tokens."""
+    truth = Waves(2304, fixed_ms=40.0, wave_ms=100.0)
+    history = LIMITS.max_model_len * 3 // 4
+    samples = start_up_samples(truth, noise=0.0, max_history_tokens=history)
+    first = judge(samples, LIMITS, 2, max_history_tokens=history, last_round=True).model
+    located = locate_runs(truth.time_ms, first, repeats=2)
+    model = judge(samples + located, LIMITS, 2, max_history_tokens=history, last_round=True).model
+    rule = ChunkRule(model, LIMITS, 2)
+    ends = model.step_lowers()
+    assert ends  # the premise: the model has steps
+    ladder = sorted(model.chunk_tokens)
+    load = Load(2e-4, 0.2, PROMPTS)
+    chunks = {tuned_fixed_chunk(rule, load, model.fixed_ms, 2, float(slack)) for slack in np.geomspace(1e-3, 0.5, 40)}
+    for chunk in chunks:
+        above = min([c for c in ladder if c >= chunk])
+        assert chunk in ends or chunk in ladder or not any(chunk < end <= above for end in ends), (chunk, ends)
+    assert chunks & set(ends)
+
+
+def test_a_curve_with_no_finite_least_is_an_error():
+    rule = rule_for(TRUE, 2)
+    with pytest.raises(ValueError, match="not finite"):
+        tuned_fixed_chunk(rule, Load(2e-4, 0.2, PROMPTS), math.nan, 2, TUNED_CHUNK_SLACK)
 
 
 def test_on_a_tiled_device_the_decode_bound_is_whole_tiles_or_a_profiled_size():

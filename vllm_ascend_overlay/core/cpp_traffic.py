@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_ascend.core.cpp_chunk_rule import ChunkRule, whole_tokens
+from vllm_ascend.core.cpp_chunk_rule import ChunkRule
 from vllm_ascend.core.cpp_latency_model import LatencyModel
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "Load",
     "Traffic",
     "fixed_chunk_batch_ms",
+    "fixed_chunk_ttft_ms",
     "prompt_work_ms",
     "queue_wait_ms",
     "tuned_fixed_chunk",
@@ -144,11 +145,12 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     """The fixed chunk a user would tune by hand for this traffic: the profiled size of the least
     predicted mean TTFT; with ``slack``, the smallest chunk whose predicted mean TTFT is within that
     share of the least, where the curve through the profiled sizes crosses that bound (linear in
-    the log of the size between the last size above it and the first within it; on a tiled
-    device rounded up to whole tiles, as far as that first size). A curve flat near its least
-    crosses the bound at a small angle: taking the first ladder size within it would turn a
-    change of a percent in the model into a chunk half as large again, and the batches decodes
-    wait for with it.
+    the log of the size between the last size above it and the first within it, rounded up to
+    whole tokens, tiles, or the end of the model's step it falls in, as far as that first size).
+    A curve flat near its least crosses the bound at a small angle: taking the first ladder size
+    within it would turn a change of a percent in the model into a chunk half as large again,
+    and the batches decodes wait for with it. (A curve with two basins below the bound may still
+    jump between them.) A curve with no finite least is an error.
 
     ``load``'s jobs are the sample of what arrives. For each profiled size from the floor
     to the cap, a job chunked at that size takes its own time plus a batch's fixed cost per
@@ -167,6 +169,25 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
         [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
         dtype=np.float64,
     )
+    ttft_ms = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending, sizes)
+    bound = float(np.min(ttft_ms)) * (1.0 + max(0.0, slack))
+    if not math.isfinite(bound):
+        raise ValueError(f"the predicted mean TTFT of a fixed chunk is not finite: {ttft_ms.tolist()}")
+    first = int(np.argmax(ttft_ms <= bound))
+    above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
+    if first == 0 or slack <= 0.0 or not math.isfinite(above):
+        return float(sizes[first])
+    share = (above - bound) / (above - within)  # in (0, 1]: above > bound >= within
+    crossing = math.ceil(sizes[first - 1] * (sizes[first] / sizes[first - 1]) ** share - 1e-9)
+    granule = limits.granule_tokens  # a part of a tile costs a whole tile, a part of a step the whole step
+    ends = [s for s in model.step_lowers() if s >= crossing and s % granule == 0]  # (the step it falls in ends)
+    crossing = min(ends) if ends and min(ends) <= sizes[first] else -(-crossing // granule) * granule
+    return float(max(sizes[first - 1], min(sizes[first], crossing)))
+
+
+def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, sizes: np.ndarray) -> np.ndarray:
+    """The predicted mean TTFT under a fixed chunk of each of ``sizes``: ``tuned_fixed_chunk``'s curve."""
+    model = rule.model
     starts = np.array([float(h) for h, _ in load.jobs])[:, None]
     tokens = np.array([float(n) for _, n in load.jobs])
     histories = starts + tokens[:, None] * PROMPT_NODES[None, :]
@@ -179,16 +200,7 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     stalls = rule.num_stages - 1
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)
-    ttft_ms = queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
-    bound = float(np.min(ttft_ms)) * (1.0 + slack)
-    first = int(np.argmax(ttft_ms <= bound))
-    above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
-    if first == 0 or slack <= 0.0 or not math.isfinite(above):
-        return float(sizes[first])
-    share = (above - bound) / (above - within)  # in (0, 1]: above > bound >= within
-    crossing = whole_tokens(sizes[first - 1] * (sizes[first] / sizes[first - 1]) ** share)
-    granule = limits.granule_tokens  # a part of a tile costs a whole tile: up to whole tiles, within the ladder
-    return float(max(sizes[first - 1], min(sizes[first], -(-crossing // granule) * granule)))
+    return queue_wait_ms(load, held_ms) + held_ms.mean(axis=1) * (max(1, pending) - 1) / 2 + alone_ms
 
 
 def fixed_chunk_batch_ms(

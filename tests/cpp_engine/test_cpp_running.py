@@ -109,31 +109,70 @@ def test_the_kept_state_is_what_a_rebuild_reads_and_the_batches_are_the_same(tmp
     assert kept.cpp_running.memory()["requests"] == 0  # every request left
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_a_passed_over_preempted_request_that_finishes_is_not_scheduled(tmp_path, policy):
-    """A request preempted while its last token is in flight, then passed over (so it waits in
-    ``skipped_waiting``), finishes when that output comes back: it leaves every queue, and the
-    next step schedules the rest (vLLM takes it out of ``waiting`` only)."""
-    scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy=policy)
-    scheduler.add_request(helpers.make_request("done", list(range(1, 40)), max_tokens=1))
-    scheduler.add_request(helpers.make_request("other", list(range(100, 160)), max_tokens=4))
-    out = scheduler.schedule()
-    assert "done" in out.num_scheduled_tokens  # its whole prompt: the output brings its one token
-    output = helpers.model_output(scheduler, out)  # (what the device computed before the preemption)
-    request = scheduler.requests["done"]
+def passed_over_while_preempted(scheduler, request_id: str):
+    """Schedule ``request_id``'s prompt, preempt it with that output in flight (as a full KV pool does),
+    and let CPP pass it over at the next step (it then waits in vLLM's skipped queue): the output of
+    the first step, which stops it (``max_tokens=1``), is returned, not yet given back."""
+    first = scheduler.schedule()
+    assert request_id in first.num_scheduled_tokens
+    output = helpers.model_output(scheduler, first)  # (what the device computed before the preemption)
+    request = scheduler.requests[request_id]
     scheduler.running.remove(request)
-    scheduler._preempt_request(request, 0.0)  # preempted while the output is in flight...
-    scheduler.waiting.remove_requests([request])
-    scheduler.skipped_waiting.add_request(request)  # ... and passed over
-    scheduler.update_from_output(out, output)
-    assert request.is_finished()
-    assert request not in list(scheduler.skipped_waiting) and request not in list(scheduler.waiting)
-    for _ in range(20):  # before: "Invalid request status: FINISHED_LENGTH_CAPPED" at the next step
+    scheduler._preempt_request(request, 0.0)
+    budget, admit = scheduler.cpp_policy.budget, scheduler.cpp_policy.budget.admit
+    budget.admit = (
+        lambda history, remaining, allowed, rid="": -1 if rid == request_id else admit(history, remaining, allowed, rid)
+    )
+    second = scheduler.schedule()
+    del budget.admit
+    assert request_id not in second.num_scheduled_tokens and request in list(scheduler.skipped_waiting)
+    return first, output, second
+
+
+def run_out(scheduler, steps: int = 40) -> None:
+    for _ in range(steps):
         out = scheduler.schedule()
         scheduler.update_from_output(out, helpers.model_output(scheduler, out))
         if not scheduler.has_unfinished_requests():
-            break
-    assert not scheduler.has_unfinished_requests()
+            return
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_passed_over_preempted_request_that_finishes_is_not_scheduled(tmp_path, policy, async_scheduling):
+    """It finishes when its output comes back: it leaves every queue, and the next steps schedule the
+    rest (vLLM takes it out of ``waiting`` only; before, "Invalid request status: FINISHED_LENGTH_CAPPED")."""
+    scheduler = small_pool_scheduler(tmp_path, async_scheduling=async_scheduling, policy=policy)
+    scheduler.add_request(helpers.make_request("done", list(range(1, 40)), max_tokens=1))
+    scheduler.add_request(helpers.make_request("other", list(range(100, 160)), max_tokens=4))
+    first, output, second = passed_over_while_preempted(scheduler, "done")
+    request = scheduler.requests["done"]
+    scheduler.update_from_output(first, output)
+    assert request.is_finished()
+    assert request not in list(scheduler.skipped_waiting) and request not in list(scheduler.waiting)
+    scheduler.update_from_output(second, helpers.model_output(scheduler, second))
+    run_out(scheduler)
+    assert not scheduler.has_unfinished_requests() and not scheduler._cpp_passed_preempted
+
+
+def test_a_passed_over_streaming_request_that_stops_waits_once(tmp_path):
+    """A streaming-input request stopped the same way waits for its next input in the skipped queue once
+    (vLLM puts it there again: two copies, and the next input ran it twice: "Invalid request status")."""
+    scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy="fcfs")
+    session = helpers.make_request("sess", list(range(1, 40)), max_tokens=1)
+    session.resumable = True
+    scheduler.add_request(session)
+    scheduler.add_request(helpers.make_request("other", list(range(100, 160)), max_tokens=4))
+    first, output, second = passed_over_while_preempted(scheduler, "sess")
+    request = scheduler.requests["sess"]
+    scheduler.update_from_output(first, output)
+    assert not request.is_finished() and sum(r is request for r in scheduler.skipped_waiting) == 1
+    scheduler.update_from_output(second, helpers.model_output(scheduler, second))
+    more = helpers.make_request("sess", list(range(200, 210)), max_tokens=1)
+    more.resumable = True
+    scheduler.add_request(more)  # the session's next input
+    run_out(scheduler)
+    assert sum(r is request for r in scheduler.skipped_waiting) <= 1 and "other" not in scheduler.requests
 
 
 def test_the_workload_preempts_and_hits_the_prefix_cache(tmp_path):

@@ -6,7 +6,7 @@ see the same thing:
 
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
-  ``drop_finished_skipped``: that queue less the requests that finished there;
+  ``settle_passed_over``: that queue after an output, for the preempted requests CPP passed over;
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
   makes it once a step for the plan and the allotment;
@@ -27,9 +27,9 @@ from typing import Any
 __all__ = [
     "PrefixHits",
     "allotment_candidates",
-    "drop_finished_skipped",
     "plan_shape",
     "prefix_hit_tokens",
+    "settle_passed_over",
     "waiting_in_order",
 ]
 
@@ -39,16 +39,25 @@ def waiting_in_order(scheduler: Any) -> Iterator[Any]:
     return itertools.chain(scheduler.skipped_waiting, scheduler.waiting)
 
 
-def drop_finished_skipped(scheduler: Any) -> None:
-    """Take the finished requests out of vLLM's skipped queue, after an output is back. A request
-    preempted while its last token was in flight, then passed over (CPP's admission does that),
-    finishes there: vLLM takes a preempted request that finishes out of ``waiting`` only, and its
-    next step would schedule it ("Invalid request status"). The queue holds the few requests
-    passed over: a short walk, and none when it is empty."""
+def settle_passed_over(scheduler: Any, passed: set, preempted: Any) -> None:
+    """After an output is back: the requests CPP passed over while preempted (``passed``, those
+    whose status was ``preempted``) wait in vLLM's skipped queue, and one whose output was in
+    flight may have stopped there. vLLM takes a preempted request that stops out of ``waiting``
+    only: a finished one would stay and be scheduled ("Invalid request status"), a streaming one
+    it puts in the skipped queue again (two copies). Each passed request whose status changed
+    leaves ``passed`` and the queue, and is put back once if it is not finished. ``passed`` is
+    empty but for such requests: the queue is walked only when one of them changed."""
+    changed = {request for request in passed if request.status != preempted}
+    if not changed:
+        return
+    passed -= changed
     queue = scheduler.skipped_waiting
-    finished = [request for request in queue if request.is_finished()] if queue else []
-    if finished:
-        queue.remove_requests(finished)
+    held = [request for request in queue if request in changed]
+    if held:
+        queue.remove_requests(changed)
+        for request in dict.fromkeys(held):  # (one copy each, in queue order)
+            if not request.is_finished():
+                queue.add_request(request)
 
 
 def prefix_hit_tokens(scheduler: Any, request: Any) -> int:

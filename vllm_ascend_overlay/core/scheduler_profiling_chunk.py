@@ -96,6 +96,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
+        self._cpp_passed_preempted: set = set()  # preempted requests passed over, in vLLM's skipped queue
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -177,15 +178,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return
         logger.warning(
             "[CPP] %s raised %s: %s; CPP is off for the rest of this process (vLLM's own scheduling)",
-            where,
-            type(error).__name__,
-            error,
-            exc_info=True,
-        )
-        self.cpp_policy = None
-        self.cpp_fixed_chunk_tokens = None
+            where, type(error).__name__, error, exc_info=True,
+        )  # fmt: skip
+        self.cpp_policy = self.cpp_fixed_chunk_tokens = self._cpp_step_budget = None
         self._cpp_sizing = False
-        self._cpp_step_budget = None
 
     # ------------------------------------------------------------------ hooks
     def schedule_step_starts(self, token_budget: int) -> int:
@@ -302,7 +298,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
             remaining_tokens = request.num_tokens - history_tokens
-            return self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
+            granted = self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
+            if granted < 0 and request.status == RequestStatus.PREEMPTED:  # passed over: see update_from_output
+                self._cpp_passed_preempted.add(request)
+            return granted
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
@@ -371,7 +370,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
         except Exception as error:
             self._cpp_fault("online calibration", error)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        cpp_held.drop_finished_skipped(self)  # (a request passed over may finish there: vLLM leaves it in that queue)
+        try:  # (a request passed over while preempted may have stopped: vLLM leaves it in the skipped queue)
+            cpp_held.settle_passed_over(self, self._cpp_passed_preempted, RequestStatus.PREEMPTED)
+        except Exception as error:
+            self._cpp_fault("settling the skipped queue", error)
         return outputs
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import sys
 from collections import deque
+from types import SimpleNamespace
 
 import helpers
 import numpy as np
@@ -152,7 +153,7 @@ def test_a_passed_over_preempted_request_that_finishes_is_not_scheduled(tmp_path
     assert request not in list(scheduler.skipped_waiting) and request not in list(scheduler.waiting)
     scheduler.update_from_output(second, helpers.model_output(scheduler, second))
     run_out(scheduler)
-    assert not scheduler.has_unfinished_requests() and not scheduler._cpp_passed_preempted
+    assert not scheduler.has_unfinished_requests() and not scheduler._cpp_preempted
 
 
 def test_a_passed_over_streaming_request_that_stops_waits_once(tmp_path):
@@ -173,6 +174,57 @@ def test_a_passed_over_streaming_request_that_stops_waits_once(tmp_path):
     scheduler.add_request(more)  # the session's next input
     run_out(scheduler)
     assert sum(r is request for r in scheduler.skipped_waiting) <= 1 and "other" not in scheduler.requests
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["finished", "streaming"])
+def test_a_preempted_request_vllm_itself_passes_over_is_settled_too(tmp_path, stream):
+    """vLLM's loop passes a request over on its own (here: the LoRA limit) into the skipped queue; preempted
+    with its token in flight, it stops there just the same, and leaves it (or waits there once)."""
+    from vllm.lora.request import LoRARequest
+
+    scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy="fcfs")
+    scheduler.lora_config = SimpleNamespace(max_loras=1)
+    done = helpers.make_request("done", list(range(1, 40)), max_tokens=1)
+    done.lora_request, done.resumable = LoRARequest("a", 1, "/a"), stream
+    other = helpers.make_request("other", list(range(100, 160)), max_tokens=4)
+    other.lora_request = LoRARequest("b", 2, "/b")
+    scheduler.add_request(done)
+    scheduler.add_request(other)
+    first = scheduler.schedule()
+    output = helpers.model_output(scheduler, first)
+    scheduler.running.remove(done)
+    scheduler._preempt_request(done, 0.0)
+    second = scheduler.schedule()  # "other" holds the one LoRA slot: vLLM skips "done"
+    assert "done" not in second.num_scheduled_tokens and done in list(scheduler.skipped_waiting)
+    scheduler.update_from_output(first, output)
+    assert sum(r is done for r in scheduler.skipped_waiting) == (1 if stream else 0)
+    scheduler.update_from_output(second, helpers.model_output(scheduler, second))
+    run_out(scheduler)
+    assert "other" not in scheduler.requests and sum(r is done for r in scheduler.skipped_waiting) <= 1
+
+
+def test_a_preempted_streaming_request_with_its_next_input_is_not_lost(tmp_path):
+    """Preempted with its token in flight and its next input already come, a streaming request that stops
+    is taken out of ``waiting`` by vLLM as it is put back there: it waits there once and runs."""
+    scheduler = small_pool_scheduler(tmp_path, async_scheduling=False, policy="fcfs")
+    session = helpers.make_request("sess", list(range(1, 40)), max_tokens=1)
+    session.resumable = True
+    scheduler.add_request(session)
+    first = scheduler.schedule()
+    output = helpers.model_output(scheduler, first)
+    scheduler.running.remove(session)
+    scheduler._preempt_request(session, 0.0)
+    more = helpers.make_request("sess", list(range(200, 210)), max_tokens=1)
+    more.resumable = True
+    scheduler.add_request(more)
+    scheduler.update_from_output(first, output)
+    assert sum(r is session for r in scheduler.waiting) + sum(r is session for r in scheduler.skipped_waiting) == 1
+    computed = []
+    for _ in range(10):
+        out = scheduler.schedule()
+        computed.append(out.num_scheduled_tokens.get("sess", 0))
+        scheduler.update_from_output(out, helpers.model_output(scheduler, out))
+    assert sum(computed) > 0  # before: in no queue, never scheduled again
 
 
 def test_the_workload_preempts_and_hits_the_prefix_cache(tmp_path):

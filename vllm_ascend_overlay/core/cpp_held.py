@@ -6,7 +6,7 @@ see the same thing:
 
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
   skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
-  ``settle_passed_over``: that queue after an output, for the preempted requests CPP passed over;
+  ``settle_preempted``: the queues after an output, for the requests preempted with one in flight;
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
   makes it once a step for the plan and the allotment;
@@ -29,7 +29,7 @@ __all__ = [
     "allotment_candidates",
     "plan_shape",
     "prefix_hit_tokens",
-    "settle_passed_over",
+    "settle_preempted",
     "waiting_in_order",
 ]
 
@@ -39,25 +39,32 @@ def waiting_in_order(scheduler: Any) -> Iterator[Any]:
     return itertools.chain(scheduler.skipped_waiting, scheduler.waiting)
 
 
-def settle_passed_over(scheduler: Any, passed: set, preempted: Any) -> None:
-    """After an output is back: the requests CPP passed over while preempted (``passed``, those
-    whose status was ``preempted``) wait in vLLM's skipped queue, and one whose output was in
-    flight may have stopped there. vLLM takes a preempted request that stops out of ``waiting``
-    only: a finished one would stay and be scheduled ("Invalid request status"), a streaming one
-    it puts in the skipped queue again (two copies). Each passed request whose status changed
-    leaves ``passed`` and the queue, and is put back once if it is not finished. ``passed`` is
-    empty but for such requests: the queue is walked only when one of them changed."""
-    changed = {request for request in passed if request.status != preempted}
+def settle_preempted(scheduler: Any, preempted: set, status: Any) -> None:
+    """After an output is back: requests preempted with an output in flight (``preempted``, kept
+    until their status changes; ``status``: vLLM's RequestStatus) may have stopped while waiting.
+    vLLM takes a preempted request that stops out of ``waiting`` only, and passed over (CPP's
+    admission does that, so do a LoRA limit and a connector) it waits in the skipped queue: a
+    finished one stays there and is scheduled ("Invalid request status"), a streaming one is
+    put there a second time, and a streaming one whose next input came already leaves ``waiting``
+    as it is put back. So a stopped request leaves the skipped queue and, if not finished, waits
+    in one queue once. Nothing is walked unless one of them stopped (an admitted one runs)."""
+    changed = {request for request in preempted if request.status != status.PREEMPTED}
     if not changed:
         return
-    passed -= changed
-    queue = scheduler.skipped_waiting
-    held = [request for request in queue if request in changed]
-    if held:
-        queue.remove_requests(changed)
-        for request in dict.fromkeys(held):  # (one copy each, in queue order)
-            if not request.is_finished():
-                queue.add_request(request)
+    preempted -= changed
+    stopped = {request for request in changed if request.status != status.RUNNING}
+    if not stopped:
+        return
+    skipped = scheduler.skipped_waiting
+    held = [request for request in skipped if request in stopped]
+    wrong = {request for request in held if request.is_finished() or held.count(request) > 1}
+    if wrong:  # (the rest keep their place)
+        skipped.remove_requests(wrong)
+        for request in dict.fromkeys(request for request in held if request in wrong and not request.is_finished()):
+            skipped.add_request(request)
+    for request in stopped.difference(held, scheduler.waiting):  # in no queue: a blocked status waits in skipped
+        if not request.is_finished():
+            (scheduler.waiting if request.status == status.WAITING else skipped).add_request(request)
 
 
 def prefix_hit_tokens(scheduler: Any, request: Any) -> int:

@@ -96,7 +96,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_stalled = False  # the last sized step advanced no prefill
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
-        self._cpp_passed_preempted: set = set()  # preempted requests passed over, in vLLM's skipped queue
+        self._cpp_preempted: set = set()  # preempted requests not admitted again (cpp_held.settle_preempted)
 
     # ------------------------------------------------------------------ start-up
     def _cpp_limits(self) -> ChunkLimits:
@@ -298,10 +298,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
             remaining_tokens = request.num_tokens - history_tokens
-            granted = self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
-            if granted < 0 and request.status == RequestStatus.PREEMPTED:  # passed over: see update_from_output
-                self._cpp_passed_preempted.add(request)
-            return granted
+            return self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
@@ -370,11 +367,15 @@ class ProfilingChunkScheduler(BalanceScheduler):
         except Exception as error:
             self._cpp_fault("online calibration", error)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        try:  # (a request passed over while preempted may have stopped: vLLM leaves it in the skipped queue)
-            cpp_held.settle_passed_over(self, self._cpp_passed_preempted, RequestStatus.PREEMPTED)
+        try:  # (a request preempted with an output in flight may have stopped in a queue: cpp_held)
+            cpp_held.settle_preempted(self, self._cpp_preempted, RequestStatus)
         except Exception as error:
-            self._cpp_fault("settling the skipped queue", error)
+            self._cpp_fault("settling the preempted requests", error)
         return outputs
+
+    def _preempt_request(self, request: Any, timestamp: float) -> None:
+        super()._preempt_request(request, timestamp)
+        self._cpp_preempted.add(request)  # (its output in flight may stop it while it waits)
 
     def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
         self.cpp_running.stale = True  # (running requests may be preempted, with no step to say so)

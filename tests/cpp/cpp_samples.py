@@ -11,9 +11,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from vllm_ascend.core.cpp_acceptance import grid_part
+from vllm_ascend.core.cpp_acceptance import grid_part, judge
+from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
-from vllm_ascend.core.cpp_profiling import profile_plan
+from vllm_ascend.core.cpp_profiling import locate_runs, profile_plan
 from vllm_ascend.core.cpp_samples import group_points
 
 
@@ -123,3 +124,12 @@ def model_of(samples) -> LatencyModel:
 
 def measured_model(truth=TRUE, **kwargs) -> LatencyModel:
     return model_of(start_up_samples(truth, **kwargs))
+
+
+def located_model(truth, limits: ChunkLimits, num_stages: int, max_history_tokens: int) -> LatencyModel:
+    """The accepted model of a noiseless start-up profile with its steps placed, as ``initialise_profile`` makes it
+    (the profile, then the runs that locate the steps between profiled sizes)."""
+    samples = start_up_samples(truth, noise=0.0, max_history_tokens=max_history_tokens)
+    first = judge(samples, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True)
+    located = locate_runs(truth.time_ms, first.model, repeats=2)
+    return judge(samples + located, limits, num_stages, max_history_tokens=max_history_tokens, last_round=True).model

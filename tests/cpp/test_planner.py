@@ -7,7 +7,18 @@ import warnings
 
 import numpy as np
 import pytest
-from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, Waves, measured_model, start_up_samples
+from cpp_samples import (
+    BENT,
+    CPU_LIKE,
+    NPU_LIKE,
+    TRUE,
+    Quadratic,
+    Tiles,
+    Waves,
+    located_model,
+    measured_model,
+    start_up_samples,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rule_cases import draw_position, rules
@@ -15,7 +26,6 @@ from vllm_ascend.core.cpp_acceptance import judge
 from vllm_ascend.core.cpp_chunk_check import pipeline_done_ms
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_planner import plan_target, predicted_ttft_ms, target_bounds
-from vllm_ascend.core.cpp_profiling import locate_runs
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 PROPERTIES = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -147,12 +157,9 @@ def test_on_waves_no_chunk_of_whole_waves_beats_the_plan_in_the_pipeline(prompt_
     truth = Waves(2560, fixed_ms=40.0, wave_ms=100.0)
     # A deployment whose context is the prompt: the profile's history reaches three quarters of it.
     limits, history = ChunkLimits(8192, prompt_tokens), prompt_tokens * 3 // 4
-    samples = start_up_samples(truth, noise=0.0, max_history_tokens=history)
-    first = judge(samples, limits, num_stages, max_history_tokens=history, last_round=True)
-    located = locate_runs(lambda chunk, history: truth.time_ms(chunk, history), first.model, repeats=2)
-    verdict = judge(samples + located, limits, num_stages, max_history_tokens=history, last_round=True)
-    rule = ChunkRule(verdict.model, limits, num_stages)
-    assert verdict.model.step_lowers() == [2560, 5120, 7680]
+    model = located_model(truth, limits, num_stages, history)
+    rule = ChunkRule(model, limits, num_stages)
+    assert model.step_lowers() == [2560, 5120, 7680]
 
     def pipeline_ttft_ms(plan):
         times_ms = [truth.time_ms(c, h) for c, h, _ in chunk_times(rule, plan, 0, prompt_tokens)]

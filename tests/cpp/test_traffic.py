@@ -6,11 +6,9 @@ import math
 
 import numpy as np
 import pytest
-from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, measured_model, start_up_samples
-from vllm_ascend.core.cpp_acceptance import judge
+from cpp_samples import CPU_LIKE, NPU_LIKE, TRUE, Tiles, Waves, located_model, measured_model
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_planner import TUNED_CHUNK_SLACK, plan_target, target_bounds
-from vllm_ascend.core.cpp_profiling import locate_runs
 from vllm_ascend.core.cpp_traffic import (
     MIN_ARRIVALS,
     MIN_ROOM,
@@ -288,11 +286,7 @@ def test_on_a_device_with_waves_the_decode_bound_takes_the_whole_wave():
     """Where the crossing falls inside a wave of the model (a step between profiled sizes), the chunk is the
     wave's end: the same time for the most tokens."""
     truth = Waves(2304, fixed_ms=40.0, wave_ms=100.0)
-    history = LIMITS.max_model_len * 3 // 4
-    samples = start_up_samples(truth, noise=0.0, max_history_tokens=history)
-    first = judge(samples, LIMITS, 2, max_history_tokens=history, last_round=True).model
-    located = locate_runs(truth.time_ms, first, repeats=2)
-    model = judge(samples + located, LIMITS, 2, max_history_tokens=history, last_round=True).model
+    model = located_model(truth, LIMITS, 2, LIMITS.max_model_len * 3 // 4)
     rule = ChunkRule(model, LIMITS, 2)
     ends = model.step_lowers()
     assert ends  # the premise: the model has steps

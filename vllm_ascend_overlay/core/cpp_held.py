@@ -48,6 +48,8 @@ def settle_preempted(scheduler: Any, preempted: set, status: Any) -> None:
     put there a second time, and a streaming one whose next input came already leaves ``waiting``
     as it is put back. So a stopped request leaves the skipped queue and, if not finished, waits
     in one queue once. Nothing is walked unless one of them stopped (an admitted one runs)."""
+    if not preempted:  # (every step but after a preemption)
+        return
     changed = {request for request in preempted if request.status != status.PREEMPTED}
     if not changed:
         return

@@ -174,9 +174,9 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     if not math.isfinite(bound):
         raise ValueError(f"the predicted mean TTFT of a fixed chunk is not finite: {ttft_ms.tolist()}")
     first = int(np.argmax(ttft_ms <= bound))
-    above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
-    if first == 0 or slack <= 0.0 or not math.isfinite(above):
+    if first == 0 or slack <= 0.0 or not math.isfinite(ttft_ms[first - 1]):
         return float(sizes[first])
+    above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
     share = (above - bound) / (above - within)  # in (0, 1]: above > bound >= within
     crossing = math.ceil(sizes[first - 1] * (sizes[first] / sizes[first - 1]) ** share - 1e-9)
     granule = limits.granule_tokens  # a part of a tile costs a whole tile, a part of a step the whole step

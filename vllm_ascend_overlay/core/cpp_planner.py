@@ -44,7 +44,8 @@ token of the prefills the scheduler holds, given P stages:
    grows with T. When requests are decoding, T is at most the mean batch time the held
    and queued prefills would get under the fixed chunk tuned for this traffic (the
    smallest chunk whose predicted mean TTFT, at the traffic's steady arrival rate and
-   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least: the chunk a user
+   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least, walking down from
+   the least, never across a hump: the chunk a user
    would tune by hand, who near the flat bottom of that curve takes the smaller size for
    the shorter batches, and whose prediction is no sharper than that; read where the
    curve crosses that bound between profiled sizes, so a small change in the model moves

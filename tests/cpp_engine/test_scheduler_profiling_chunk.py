@@ -78,6 +78,8 @@ def cpp_scheduler(
     num_blocks=1024,
     async_scheduling=False,
     pipeline_parallel_size=2,
+    base=BASE_CHUNK,
+    max_model_len=8192,
     **cpp,
 ):
     """A profiled CPP scheduler; the model folder is part of the profile's fingerprint."""
@@ -97,9 +99,9 @@ def cpp_scheduler(
         AsyncProfilingChunkScheduler if async_scheduling else ProfilingChunkScheduler,
         model_dir=model_dir,
         num_blocks=num_blocks,
-        max_num_batched_tokens=BASE_CHUNK,
+        max_num_batched_tokens=base,
         max_num_seqs=16,
-        max_model_len=8192,
+        max_model_len=max_model_len,
         block_size=BLOCK_SIZE,
         pipeline_parallel_size=pipeline_parallel_size,
         additional_config={"profiling_chunk_config": settings},
@@ -438,6 +440,26 @@ def test_decode_only_steps_are_not_sized_and_a_skipped_prefill_stays_held(tmp_pa
     out, plan = step()  # nothing waiting: the held prefill alone makes the step a sized one
     assert plan is not None and set(plan.charged) == {"chat", "long"}
     assert out.num_scheduled_tokens["long"] == expected.grant(history_tokens, 3000 - history_tokens, BASE_CHUNK)
+
+
+def test_a_token_budget_above_the_context_profiles_and_plans_up_to_the_context(tmp_path):
+    """vLLM accepts max_num_batched_tokens above max_model_len (several requests share a step), but no one
+    request's chunk is longer than the context: the profile never asks a worker for one (a worker's block
+    table is as wide as the context), and the plan's chunks stop there too."""
+
+    class ContextWide(FakeExecutor):
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            chunk_tokens, history_tokens = args
+            if chunk_tokens + history_tokens > 1024:  # as a worker's block-table row overflows
+                raise ValueError(f"a run of {chunk_tokens + history_tokens} tokens past the context of 1024")
+            return super().collective_rpc(method, timeout, args, kwargs)
+
+    executor = ContextWide()
+    scheduler = cpp_scheduler(tmp_path, executor, base=2048, max_model_len=1024)
+    assert scheduler.cpp_policy is not None, scheduler.cpp_verdict
+    assert executor.calls and max(c + h for c, h in executor.calls) <= 1024
+    assert max(scheduler.cpp_rule.model.chunk_tokens) == 1024
+    assert scheduler.cpp_rule.limits.cap_tokens == 1024
 
 
 def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, profiled):

@@ -102,7 +102,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def _cpp_limits(self) -> ChunkLimits:
         config = self.cpp_config
         return ChunkLimits(
-            base_chunk_tokens=self.max_num_scheduled_tokens,
+            base_chunk_tokens=min(self.max_num_scheduled_tokens, self.max_model_len),  # one request's most
             max_model_len=self.max_model_len,
             min_chunk_tokens=config.min_chunk,
             smooth_factor=config.smooth_factor,
@@ -121,7 +121,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             if measure is None and model_executor is not None:
                 measure = measure_with_executor(model_executor)
             kv_capacity_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
-            max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - base_tokens)
+            max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - limits.cap_tokens)
             start_up = initialise_profile(
                 self.cpp_config, limits, num_stages,
                 fingerprint=fingerprint_for(self.vllm_config), measure=measure, max_history_tokens=max_history_tokens,

@@ -1,15 +1,18 @@
 """The identity of a deployment: what a measurement made on it must match to be reused.
 
 Start-up measurements (CPP's latency profile, dual stream's probes) are cached across
-restarts and keyed by the engine they were measured on: model, dtype, quantisation, TP/PP
-sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN.
+restarts and keyed by the engine they were measured on: model (its path and a digest of its
+architecture: another model put at the same path is another deployment), dtype, quantisation,
+TP/PP sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN.
 ``fingerprint_for`` reads them from a ``VllmConfig`` without touching the device (the
 engine-core process has none); ``make_fingerprint`` builds one from values (JSON-safe).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import json
 import os
 from typing import Any
 
@@ -29,6 +32,7 @@ def make_fingerprint(
     vllm_ascend_version: str,
     device_name: str,
     cann_version: str | None = None,
+    architecture: str | None = None,
 ) -> dict:
     """What a cached profile must match to be reused (JSON-safe values)."""
     return {
@@ -43,6 +47,7 @@ def make_fingerprint(
         "vllm_ascend_version": str(vllm_ascend_version),
         "device_name": str(device_name),
         "cann_version": None if cann_version is None else str(cann_version),
+        "architecture": None if architecture is None else str(architecture),
     }
 
 
@@ -83,7 +88,21 @@ def fingerprint_for(vllm_config: Any) -> dict:
         vllm_ascend_version=_ascend_version(),
         device_name=device_name,
         cann_version=cann_version,
+        architecture=_architecture_digest(model_config),
     )
+
+
+def _architecture_digest(model_config: Any) -> str | None:
+    """A digest of the model's configuration (layers, widths, heads, ...): what its step time depends on,
+    which its path alone does not pin (a new download, a symlink moved to another model). Bookkeeping
+    fields (names, the transformers version) are left out."""
+    try:
+        config = model_config.hf_config.to_dict()
+    except Exception:
+        return None
+    kept = {k: v for k, v in config.items() if not k.startswith("_") and k not in ("transformers_version",)}
+    text = json.dumps(kept, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _device_identity() -> tuple[str, str | None]:

@@ -191,3 +191,14 @@ def test_fingerprint_names_what_a_profile_depends_on_without_touching_the_device
     assert len(files) == 2 and cpp_profile_store.cache_file("/c", fingerprint) == cpp_profile_store.cache_file(
         "/c", dict(fingerprint)
     )
+
+
+def test_another_model_put_at_the_same_path_is_another_deployment(tmp_path):
+    """The path alone does not pin the model (a new download, a moved symlink): its architecture, read from
+    its configuration, is part of the fingerprint, and the same configuration gives the same one."""
+    first = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path, max_position_embeddings=16384))
+    again = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path, max_position_embeddings=16384))
+    other = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path, max_position_embeddings=32768))
+    assert first["model"] == other["model"] == str(tmp_path) and first["architecture"]
+    assert first == again
+    assert cpp_profile_store.cache_file("/c", first) != cpp_profile_store.cache_file("/c", other)

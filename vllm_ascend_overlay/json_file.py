@@ -3,7 +3,9 @@
 The CPP profile cache (core/cpp_profile_store.py) and dual stream's measured probes
 (dual_stream/measured_store.py) keep their files through these two functions, so both
 get the same guarantees: a reader never sees half a file, and a file that is too large,
-unreadable, not UTF-8, not JSON or nested too deep is one error of the caller's type.
+unreadable, not UTF-8, not JSON or nested too deep is one error of the caller's type. A
+written file gets the mode open() would give it (the umask's), not a temporary file's
+owner-only one: a cache folder shared by several users stays readable to those it allows.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_json", "write_json_atomically"]
+__all__ = ["new_file_mode", "read_json", "write_json_atomically"]
 
 
 def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
@@ -25,10 +27,25 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
     try:
         with handle:
             json.dump(data, handle, indent=1, sort_keys=True)
+        os.chmod(handle.name, new_file_mode())  # as open() would make it: a temporary file is the owner's only
         os.replace(handle.name, path)
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode a new file gets from open(): 0o666 less the process's umask (read, not set, where Linux says it)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def read_json(path: str | os.PathLike, max_bytes: int, error: type[Exception]) -> Any:

@@ -473,3 +473,21 @@ def test_a_fresh_profile_places_a_wave_between_its_sizes_within_the_default_run_
     assert result.source.startswith(f"profiled ({len(runs) - cpp_profiling.WARMUP_RUNS} runs")
     again = cpp_profiling.initialise_profile(config, limits(), STAGES, **kwargs)
     assert again.source.startswith("cache") and again.verdict.model == model
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_a_saved_file_gets_the_mode_the_umask_gives_not_the_temporary_files(tmp_path, umask):
+    """Written through a temporary file (owner-only) and renamed, the file still gets the mode open() gives a
+    new file, so a cache folder shared by several users stays readable to those the umask allows."""
+    import os
+
+    from vllm_ascend.json_file import write_json_atomically
+
+    before = os.umask(umask)
+    try:
+        write_json_atomically(tmp_path / "profile.json", {"a": 1})
+    finally:
+        os.umask(before)
+    assert (tmp_path / "profile.json").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert json.loads((tmp_path / "profile.json").read_text()) == {"a": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left

@@ -90,6 +90,9 @@ def test_min_chunk_above_the_token_budget_is_clamped_like_upstream(monkeypatch):
     monkeypatch.setattr(cpp_config.logger, "warning", lambda message, *args: warnings.append(message % args))
     assert load({"enabled": True, "min_chunk": 4096}, engine(max_batched=2048)).min_chunk == 2048
     assert warnings == ["[CPP] profiling_chunk_config.min_chunk=4096 is above max_num_batched_tokens=2048; using 2048"]
+    warnings.clear()  # the default min_chunk above a tiny budget: clamped, and no warning of a key nobody set
+    assert load({"enabled": True}, engine(max_batched=32)).min_chunk == 32
+    assert warnings == []
 
 
 def test_a_disabled_config_reads_nothing_of_the_engine():

@@ -123,6 +123,8 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
         config = replace(config, cache_dir=folder)
     # Clamped only when on, as upstream did: off, min_chunk is not read (nor is the engine's budget).
     if config.enabled and max_num_batched_tokens is not None and config.min_chunk > max_num_batched_tokens:
+        if isinstance(raw, dict) and "min_chunk" not in raw:  # the default: nothing the user set to warn of
+            return replace(config, min_chunk=max_num_batched_tokens)
         logger.warning(
             "[CPP] %s.min_chunk=%d is above max_num_batched_tokens=%d; using %d",
             CONFIG_KEY,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, Waves, start_up_samples
+from cpp_samples import BENT, CPU_LIKE, NPU_LIKE, TRUE, Quadratic, Tiles, Waves, model_of, start_up_samples
 from vllm_ascend.config_table import settings
 from vllm_ascend.core import cpp_acceptance
 from vllm_ascend.core.cpp_acceptance import (
@@ -22,6 +22,7 @@ from vllm_ascend.core.cpp_acceptance import (
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule
 from vllm_ascend.core.cpp_config import CppConfig
 from vllm_ascend.core.cpp_planner import plan_target
+from vllm_ascend.core.cpp_profile_plan import chunk_ladder
 from vllm_ascend.core.cpp_profiling import EXTRA_ROUNDS, LOCATE_RUNS, LOCATE_TOKENS, locate_runs
 from vllm_ascend.core.cpp_samples import group_points
 
@@ -348,3 +349,11 @@ def test_the_decisions_are_judged_on_a_prompt_that_fills_the_history_in_use():
     rule = ChunkRule(verdict_on(start_up_samples(TRUE)).model, LIMITS, 4)
     assert reference_prompt_tokens(rule, MAX_HISTORY) == LIMITS.max_model_len
     assert schedule_ttft_ms(rule, rule.model, 10_000) > 0
+
+
+@pytest.mark.parametrize("base", [8, 32, 33, 64, 96, 100, 126, 127, 128, 200, 2048])
+def test_every_token_budget_keeps_every_profiled_size_in_its_model(base):
+    """A small token budget fits fewer than three sizes half a base chunk deeper (a row of the model needs
+    three): the deepest level then stays the base chunk's, so no profiled size drops out of the model."""
+    samples = start_up_samples(TRUE, base_chunk_tokens=base, max_history_tokens=8192 - base, noise=0.0)
+    assert sorted(model_of(samples).chunk_tokens) == chunk_ladder(base, 24)

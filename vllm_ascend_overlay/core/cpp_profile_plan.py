@@ -12,18 +12,22 @@ levels above. So the deepest level lies half a base chunk deeper, where the size
 half the base chunk still fit, and the larger sizes, which do not, are not measured there
 (the latency model gives them what that interval adds to the sizes measured there,
 core/cpp_grid.py ``fill_deepest``), when the level above still fits the base chunk
-(``history_levels_for``; with one level, or little history, the deepest stays the base
-chunk's). The tile probe: pairs of sizes S and S + 1 without history at the first
-boundary of each candidate tile (64 to 512 tokens), ``PROBE_REPEATS`` times each a pass
-(core/cpp_acceptance.py tells whether time steps there).
+(``history_levels_for``; with one level, little history, or a token budget so small that
+fewer than three sizes fit there, the deepest stays the base chunk's). The tile probe: pairs
+of sizes S and S + 1 without history at the first boundary of each candidate tile (64 to 512
+tokens), ``PROBE_REPEATS`` times each a pass (core/cpp_acceptance.py tells whether time steps
+there).
 
 Pure Python: no vLLM.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from vllm_ascend.core.cpp_acceptance import TILE_CANDIDATES
 from vllm_ascend.core.cpp_ladder import SMALLEST_LADDER_CHUNK, ladder
+from vllm_ascend.core.cpp_latency_model import MIN_NODES
 
 __all__ = [
     "PROBE_REPEATS",
@@ -69,12 +73,18 @@ def history_levels(max_history_tokens: int, count: int, align: int = 1) -> list[
     return levels
 
 
-def history_levels_for(base_chunk_tokens: int, max_history_tokens: int, count: int, align: int = 1) -> list[int]:
+def history_levels_for(
+    base_chunk_tokens: int, max_history_tokens: int, count: int, align: int = 1, sizes: Sequence[int] | None = None
+) -> list[int]:
     """The profile's history levels for a base chunk whose deepest history is ``max_history_tokens``: the
-    deepest half a base chunk deeper when the level above it still fits the base chunk (module docstring)."""
+    deepest half a base chunk deeper when the level above it still fits the base chunk and the deeper level
+    holds ``MIN_NODES`` of the profiled ``sizes`` (up to half the base chunk; default: the ladder's), enough to
+    form a row of the model (module docstring)."""
     context = max_history_tokens + base_chunk_tokens
     deeper = history_levels(max_history_tokens + base_chunk_tokens // 2, count, align)
-    if max_history_tokens > 0 and len(deeper) >= 3 and deeper[-2] + base_chunk_tokens <= context:
+    sizes = chunk_ladder(base_chunk_tokens, 64) if sizes is None else sizes
+    fit = sum(1 for size in sizes if 2 * size <= base_chunk_tokens)  # as the acceptance counts them
+    if max_history_tokens > 0 and len(deeper) >= 3 and deeper[-2] + base_chunk_tokens <= context and fit >= MIN_NODES:
         return deeper
     return history_levels(max_history_tokens, count, align)
 
@@ -98,10 +108,11 @@ def profile_plan(
     """One round's (chunk_tokens, history_tokens) runs in measurement order: ``repeats`` passes over the grid
     and the tile probe, each probe point ``PROBE_REPEATS`` times a pass (its S counting the grid's run)."""
     context = max_history_tokens + base_chunk_tokens
+    sizes = chunk_ladder(base_chunk_tokens, points)
     grid = [
         (chunk, history)
-        for history in history_levels_for(base_chunk_tokens, max_history_tokens, history_points, align)
-        for chunk in chunk_ladder(base_chunk_tokens, points)
+        for history in history_levels_for(base_chunk_tokens, max_history_tokens, history_points, align, sizes)
+        for chunk in sizes
         if chunk + history <= context
     ]
     probe = []

@@ -95,7 +95,18 @@ def test_every_unknown_key_is_reported_with_the_known_ones(name):
     assert message.startswith(f"{key}: 3 problems:")
     for unknown, value in (("enabeld", True), ("zz_extra", 1), ("aa_extra", None)):
         assert f"{key}.{unknown}={value!r}: not a known key" in message
+    assert f"{key}.enabeld=True: not a known key; did you mean enabled?" in message  # a near spelling is named
+    assert "zz_extra=1: not a known key\n" in message + "\n" and "did you mean" not in message.split("zz_extra")[1]
     assert message.endswith(f"\nThe keys of {key} are {', '.join(config_table.settings(section))}.")
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+@pytest.mark.parametrize("slip", ["Enabled", "ENABLED", "enable", "en-abled"])
+def test_a_key_in_another_case_or_spelling_names_the_known_key(name, slip):
+    _section, key, parse, error, _doc = SECTIONS[name]
+    with pytest.raises(error) as info:
+        parse({slip: True})
+    assert str(info.value).splitlines()[0] == f"{key}.{slip}=True: not a known key; did you mean enabled?"
 
 
 @pytest.mark.parametrize("name", SECTIONS)

@@ -207,9 +207,14 @@ def _visible(name: str) -> str:
 
 
 def _unknown_key(name: Any, known: dict) -> str:
-    """The fix for an unknown key; names the known key it is once its invisible characters are gone."""
+    """The fix for an unknown key; names the known key it is once its invisible characters are gone, or the one
+    it plainly slips from (another case, dashes, a near spelling)."""
     if isinstance(name, str) and name != _visible(name) and _visible(name) in known:
         return f"not a known key; did you mean {_visible(name)}? Delete the characters that do not show"
+    if isinstance(name, str) and len(name) <= 80:
+        near = difflib.get_close_matches(_visible(name).lower().replace("-", "_"), list(known), n=1, cutoff=0.85)
+        if near:
+            return f"not a known key; did you mean {near[0]}?"
     return "not a known key"
 
 

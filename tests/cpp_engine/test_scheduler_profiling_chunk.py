@@ -462,6 +462,17 @@ def test_a_token_budget_above_the_context_profiles_and_plans_up_to_the_context(t
     assert scheduler.cpp_rule.limits.cap_tokens == 1024
 
 
+def test_a_kv_cache_smaller_than_the_context_bounds_every_profile_run_within_its_usable_blocks(tmp_path):
+    """Where the KV cache, not the context, bounds a sequence, no profile run needs more blocks than a request
+    can hold: block 0 is vLLM's null block, so a worker's profile batch takes ids 1..n of the pool."""
+    executor = FakeExecutor()
+    scheduler = cpp_scheduler(tmp_path, executor, num_blocks=200)  # 3200 tokens of KV < the 8192 context
+    assert scheduler.cpp_policy is not None, scheduler.cpp_verdict
+    blocks = scheduler.kv_cache_config.num_blocks
+    needed = max(-(-(c + h) // BLOCK_SIZE) for c, h in executor.calls)
+    assert needed <= blocks - 1 and needed >= blocks - 1 - BASE_CHUNK // BLOCK_SIZE  # deep, and within the pool
+
+
 def test_second_start_with_same_fingerprint_makes_no_profiling_call(tmp_path, profiled):
     executor = FakeExecutor()
     scheduler = cpp_scheduler(tmp_path, executor, cache_dir=profiled[0] / "cache")

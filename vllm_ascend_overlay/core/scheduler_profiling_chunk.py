@@ -120,7 +120,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
             limits = self._cpp_limits()
             if measure is None and model_executor is not None:
                 measure = measure_with_executor(model_executor)
-            kv_capacity_tokens = self.kv_cache_config.num_blocks * self.cache_config.block_size
+            kv_capacity_tokens = (self.kv_cache_config.num_blocks - 1) * self.cache_config.block_size  # 0: null
             max_history_tokens = max(0, min(self.max_model_len, kv_capacity_tokens) - limits.cap_tokens)
             start_up = initialise_profile(
                 self.cpp_config, limits, num_stages,

@@ -21,33 +21,21 @@ import heapq
 import re
 import shutil
 import tempfile
-import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
-from email.utils import format_datetime
 from pathlib import Path
 
 from .assemble import Assembly, apply_patch
+from .atomic import publish_dir, remove_stale, scratch_dir
 from .graphs import strongly_connected_parts
 from .hunks import git_diff
 from .imports import import_statements, missing_names, module_of, redefined_names
+from .mail_text import Mail, render
 from .paths import DIST_DIR
 from .series import FEATURES, OverlayFile, Patch, SeriesError
 
 UPSTREAM_DIR = DIST_DIR / "upstream"
 DEFAULT_AUTHOR = "vllm-ascend patch set <patchset@localhost>"
-
-
-@dataclass(frozen=True)
-class Mail:
-    feature: str
-    subject: str
-    body: str
-    author: str
-    date: str  # YYYY-MM-DD
-    diff: str
-    slug: str
 
 
 def _docstring_summary(path: Path) -> tuple[str, str]:
@@ -90,51 +78,6 @@ def patch_mail(patch: Patch) -> Mail:
     slug = patch.name.removesuffix(".patch").split("-", 1)[-1]
     date = patch.header.get("Last-Update", "").strip() or "2026-01-01"
     return Mail(patch.feature, patch.subject, patch.body, patch.header["Author"].strip(), date, patch.diff, slug)
-
-
-BODY_WIDTH = 72  # git's convention for a commit message's body
-ITEM = re.compile(r"(- |\d+\. )")  # a list item's marker
-
-
-def _wrap(body: str) -> str:
-    """The body in lines of at most ``BODY_WIDTH``: each paragraph filled, a list item (``- ``,
-    ``1. ``) filled under its own indent; a paragraph of indented lines (a formula, code) kept as it is."""
-    out = []
-    for para in body.strip().split("\n\n"):
-        lines = para.splitlines()
-        if lines and all(line.startswith(" ") for line in lines):
-            out.append(para)
-            continue
-        items: list[list[str]] = []
-        for line in lines:
-            stripped = line.strip()
-            if ITEM.match(stripped) or not items:
-                items.append([stripped])
-            else:
-                items[-1].append(stripped)
-        filled = []
-        for item in items:
-            text = " ".join(item)
-            marker = ITEM.match(text)
-            indent = " " * len(marker.group(0)) if marker else ""
-            filled.append(textwrap.fill(text, BODY_WIDTH, subsequent_indent=indent, break_on_hyphens=False))
-        out.append("\n".join(filled))
-    return "\n\n".join(out)
-
-
-def _render(mail: Mail, n: int, total: int) -> str:
-    when = datetime.strptime(mail.date, "%Y-%m-%d").replace(tzinfo=timezone.utc)
-    body = _wrap(mail.body)
-    return (
-        "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"
-        f"From: {mail.author}\n"
-        f"Date: {format_datetime(when)}\n"
-        f"Subject: [PATCH {n}/{total}] {mail.feature}: {mail.subject}\n\n"
-        + (f"{body}\n\n" if body else "")
-        + f"---\n{mail.diff}"
-        + ("" if mail.diff.endswith("\n") else "\n")
-        + "-- \nvllm-ascend patch set\n\n"
-    )
 
 
 @dataclass(frozen=True)
@@ -367,34 +310,40 @@ def write_diffs(
     ``source_patches`` close their features' series (``_series``)."""
     if author is not None and not re.fullmatch(r"[^<>\n]+ <[^<>\s]+@[^<>\s]+>", author.strip()):
         raise SeriesError(f"AUTHOR={author!r}: give it as 'Full Name <name@example.com>'")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    written: dict[str, list[Path]] = {}
     series, earlier = _series(assembly, source_patches)
-    for feature, mails in series.items():
-        folder = out_dir / feature
-        folder.mkdir(parents=True)
-        for n, mail in enumerate(mails, 1):
-            if author is not None:
-                mail = replace(mail, author=author.strip())
-            path = folder / f"{n:04d}-{mail.slug}.patch"
-            path.write_text(_render(mail, n, len(mails)))
-            written.setdefault(feature, []).append(path)
-    needed = [
-        f"{f} needs "
-        + _and(
-            [
-                f"{g} ({', '.join(written[g][n - 1].name for n in sorted(numbers))})"
-                for g, numbers in sorted(earlier[f].items(), key=lambda item: FEATURES.index(item[0]))
-            ]
-        )
-        + "\n"
-        for f in written
-        if earlier.get(f)
-    ]
-    (out_dir / "ORDER").write_text(
+    # Written in a scratch folder and published in one rename: an interrupted run leaves the last series whole.
+    remove_stale(out_dir.parent, f".{out_dir.name}-")
+    tmp = scratch_dir(out_dir.parent, f".{out_dir.name}-")
+    written: dict[str, list[Path]] = {}
+    try:
+        for feature, mails in series.items():
+            (tmp / feature).mkdir()
+            for n, mail in enumerate(mails, 1):
+                if author is not None:
+                    mail = replace(mail, author=author.strip())
+                name = f"{n:04d}-{mail.slug}.patch"
+                (tmp / feature / name).write_text(render(mail, n, len(mails)))
+                written.setdefault(feature, []).append(out_dir / feature / name)
+        _write_order(tmp, written, earlier, upstream)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    publish_dir(tmp, out_dir)
+    return written
+
+
+def _names(paths: list[Path], numbers: set[int]) -> str:
+    return ", ".join(paths[n - 1].name for n in sorted(numbers))
+
+
+def _write_order(folder: Path, written: dict[str, list[Path]], earlier: dict, upstream: str) -> None:
+    """``folder/ORDER``: the order to apply the series in, and which need an earlier one."""
+    needed = []
+    for f in (f for f in written if earlier.get(f)):
+        order = sorted(earlier[f].items(), key=lambda item: FEATURES.index(item[0]))
+        needed.append(f"{f} needs {_and([f'{g} ({_names(written[g], numbers)})' for g, numbers in order])}\n")
+    (folder / "ORDER").write_text(
         f"Apply the series in this order on {upstream}, with git am --signoff DIR/*.patch:\n"
         + "".join(f"{f}\n" for f in written)
         + ("\nA series alone does not work where it needs an earlier one:\n" + "".join(needed) if needed else "")
     )
-    return written

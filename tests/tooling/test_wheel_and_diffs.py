@@ -304,6 +304,32 @@ def test_every_mail_says_its_piece_whole_and_signs_for_no_one(assembly, tmp_path
         write_diffs(assembly, tmp_path / "bad", author="ada")
 
 
+def test_an_interrupted_diffs_run_leaves_the_last_series_whole(assembly, tmp_path, monkeypatch):
+    """The series is written beside the last one and shown in one rename: stopped half-way (Ctrl-C while the
+    mails are written), the last complete series is still there, and no scratch folder stays once rerun."""
+    from vllm_ascend_patchset import diffs
+
+    out = tmp_path / "upstream"
+    first = write_diffs(assembly, out)
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    calls = []
+
+    def interrupted(mail, n, total):
+        calls.append(n)
+        if len(calls) > 3:
+            raise KeyboardInterrupt
+        return diffs.render(mail, n, total)
+
+    monkeypatch.setattr(diffs, "render", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_diffs(assembly, out)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == before
+    assert first and (out / "ORDER").is_file()
+    monkeypatch.undo()
+    write_diffs(assembly, out)
+    assert [p for p in tmp_path.iterdir() if p.name != "upstream"] == [out.resolve()]  # the one it shows
+
+
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):
     series = series_by_feature(_grouping_assembly(tmp_path, OVERLAY))
     # The replaced predictor breaks upstream's scheduler (predict() is gone), the new scheduler

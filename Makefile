@@ -44,14 +44,14 @@ upstream-ut: venv assemble  ## upstream's CPU unit tests with the series against
 
 diffs:            ## git am-able series per feature under dist/upstream/ (TARGET=main UPSTREAM_SRC=path: dist/upstream-main/; AUTHOR='Name <mail>')
 	@test -z "$(UPSTREAM_SRC)" || test -n "$(TARGET)" || { echo "make diffs: UPSTREAM_SRC is read only with TARGET=<name> (patches/targets/); without it the series is for the pinned release and needs no checkout" >&2; exit 2; }
-	$(TOOL) diffs $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)") $(if $(AUTHOR),--author "$(AUTHOR)")
+	$(TOOL) diffs $(TARGET_ARGS) $(if $(TARGET),--target $(TARGET) --upstream-src "$(UPSTREAM_SRC)") $(if $(AUTHOR),--author "$(AUTHOR)")
 
 config-docs: venv ## rewrite the config tables of docs/cpp.md and docs/dual-stream.md from the code
 	PYTHONPATH=scripts $(VENV)/bin/python -m vllm_ascend_patchset config-docs $(TARGET_ARGS)
 
 check-pin:        ## does the series apply to another release? make check-pin VERSION=x.y.z
 	@test -n "$(VERSION)" || { echo "usage: make check-pin VERSION=x.y.z" >&2; exit 2; }
-	$(TOOL) check-pin $(VERSION)
+	$(TOOL) check-pin $(TARGET_ARGS) $(VERSION)
 
 port:             ## merge the series into a vllm-ascend git checkout and report: make port UPSTREAM_SRC=path [DRY_RUN=1]
 	@test -n "$(UPSTREAM_SRC)" || { echo "usage: make port UPSTREAM_SRC=<vllm-ascend git checkout> [DRY_RUN=1]" >&2; exit 2; }

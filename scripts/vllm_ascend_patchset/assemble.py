@@ -57,6 +57,10 @@ def _patch_cmd(patch: Patch, tree: Path, dry_run: bool) -> subprocess.CompletedP
     ]
     if dry_run:
         cmd.insert(1, "--dry-run")
+    if shutil.which("patch") is None:
+        raise RuntimeError(
+            "GNU patch is not installed (the series is applied with it): install it, e.g. apt install patch"
+        )
     return subprocess.run(cmd, capture_output=True, text=True)
 
 

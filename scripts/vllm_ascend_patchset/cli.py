@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PinError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file or folder the command writes is in the way or not writable
+        print(f"error: {exc}: move what is in the way, or make the folder writable, and run it again", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

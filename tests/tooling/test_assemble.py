@@ -311,3 +311,43 @@ def test_no_patch_leaves_upstream_code_it_made_unused():
         if isinstance(node, ast.ClassDef | ast.FunctionDef) and before[node.name] > 1 and after[node.name] <= 1
     ]
     assert orphans == []
+
+
+def test_without_gnu_patch_the_error_says_what_to_install_and_leaves_nothing(tmp_path, private_cache, monkeypatch):
+    upstream_init = (pristine_root() / "vllm_ascend" / "__init__.py").read_bytes()
+    wheel = write_wheel(
+        tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl",
+        {"vllm_ascend/__init__.py": upstream_init},
+    )
+    out = tmp_path / "out" / "cp311-x86_64"
+    empty_overlay = tmp_path / "overlay"
+    empty_overlay.mkdir()
+    monkeypatch.setattr(assemble_mod.shutil, "which", lambda name: None)  # a host without GNU patch
+    with pytest.raises(RuntimeError, match="GNU patch is not installed.*apt install patch"):
+        assemble(wheel=wheel, patch_dir=_patch_dir(tmp_path, BROKEN), overlay_dir=empty_overlay, out_dir=out)
+    assert not out.exists() and list(out.parent.iterdir()) == []
+
+
+def test_a_path_in_the_way_is_an_error_naming_it_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """``dist`` (or build/) a file, or a folder that cannot be written: one line naming it and the fix, exit 2."""
+    from vllm_ascend_patchset import cli
+
+    def in_the_way(args):
+        raise FileExistsError(17, "File exists", str(tmp_path / "dist"))
+
+    monkeypatch.setattr(cli, "cmd_diffs", in_the_way)
+    assert cli.main(["diffs"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: [Errno 17] File exists: ") and str(tmp_path / "dist") in err
+    assert "move what is in the way" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("target", ["diffs", "check-pin VERSION=0.23.0", "wheel", "assemble"])
+def test_make_targets_pass_the_wheel_target_on(target):
+    """PY= and ARCH= choose the pinned wheel (the error for a host without one says to pass them)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    dry = subprocess.run(["make", "-n", *target.split(), "PY=cp310", "ARCH=aarch64"], cwd=root, capture_output=True,
+                         text=True, check=True)  # fmt: skip
+    assert "--py cp310 --arch aarch64" in dry.stdout

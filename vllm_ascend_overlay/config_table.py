@@ -233,11 +233,13 @@ def check_section_name(additional_config: Any, key: str, error: type[Exception] 
     if not isinstance(additional_config, dict) or key in additional_config:
         return
     stem = key.removesuffix("_config")
+    squashed = {key.replace("_", ""), stem.replace("_", "")}  # DualStream, dualstream, profilingchunk
     for name in additional_config:
         if not isinstance(name, str):
             continue
         flat = _visible(name).lower().replace("-", "_")
-        if flat in (key, stem) or difflib.SequenceMatcher(None, flat, key).ratio() >= 0.85:
+        near = max(difflib.SequenceMatcher(None, flat, k).ratio() for k in (key, stem))
+        if flat in (key, stem) or flat.replace("_", "") in squashed or near >= 0.85:
             raise error(f"additional_config key {shown(name)} is not read: did you mean {key!r}? Rename it.")
 
 

@@ -341,7 +341,9 @@ def test_a_min_chunk_of_thousands_of_digits_is_refused_naming_the_key_without_a_
     assert "Logging error" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["profiling_chunk_cofig", "profiling_chunk", "Profiling-Chunk-Config"])
+@pytest.mark.parametrize(
+    "name", ["profiling_chunk_cofig", "profiling_chunk", "Profiling-Chunk-Config", "profilingchunk", "ProfilingChunk"]
+)
 def test_a_slip_in_the_section_name_is_refused_naming_the_right_one(name):
     with pytest.raises(CppConfigError, match=f"key '{name}' is not read: did you mean 'profiling_chunk_config'"):
         cpp_config.load_profiling_chunk_config({name: {"enabled": True}}, engine(), balance_scheduling=False)

@@ -291,7 +291,18 @@ def test_a_cache_dir_that_is_a_file_is_refused_naming_the_key_and_a_relative_one
     assert validate({"enabled": True, "cache_dir": "ds-cache"}).cache_path == str(tmp_path / "ds-cache")
 
 
-@pytest.mark.parametrize("name", ["dual_stream", "dual_stream_cofig", "Dual-Stream-Config", "dualstream_config"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "dual_stream",
+        "dual_stream_cofig",
+        "Dual-Stream-Config",
+        "dualstream_config",
+        "DualStream",
+        "dualstream",
+        "dual_streams",
+    ],
+)
 def test_a_slip_in_the_section_name_is_refused_not_left_off_without_a_word(name):
     ascend, vllm_config = deployment()
     vllm_config.additional_config = {name: {"enabled": True}, "enable_cpu_binding": True}

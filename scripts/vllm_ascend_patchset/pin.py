@@ -8,11 +8,13 @@ pip's default) into a cache folder that git ignores, and refused when the hash d
 from __future__ import annotations
 
 import hashlib
+import html.parser
 import json
 import os
 import shutil
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +87,65 @@ def sha256_of(path: Path) -> str:
 
 
 def index_url() -> str:
+    """``PIP_INDEX_URL``, else the index pip is configured with (pip.conf), else PyPI's."""
     url = os.environ.get("PIP_INDEX_URL")
+    if not url:
+        try:
+            from pip._internal.configuration import Configuration
+
+            config = Configuration(isolated=False)
+            config.load()
+            url = _configured(config, "install.index-url") or _configured(config, "global.index-url")
+        except Exception:  # pip's configuration is pip's internals: without it, its default index
+            url = None
     if not url:
         from pip._internal.models.index import PyPI  # pip's own default index
 
         url = PyPI.simple_url
     return url.rstrip("/")
+
+
+def _configured(config, key: str) -> str | None:
+    try:
+        return config.get_value(key)
+    except Exception:  # not set there
+        return None
+
+
+class _Anchors(html.parser.HTMLParser):
+    """The links of a PEP 503 simple page: (text, href) of every ``<a>``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "a":
+            self._href, self._text = dict(attrs).get("href"), ""
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self._text += data
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "a" and self._href is not None:
+            self.links.append((self._text.strip(), self._href))
+            self._href = None
+
+
+def _simple_files(page_url: str, content_type: str, body: bytes) -> dict[str, tuple[str, str | None]]:
+    """File name -> (url, sha256) of a simple-API page: PEP 691 JSON, or the PEP 503 HTML many mirrors serve."""
+    if "json" in content_type:
+        data = json.loads(body)
+        return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+    anchors = _Anchors()
+    anchors.feed(body.decode("utf-8"))
+    files = {}
+    for name, href in anchors.links:
+        url, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
+        files[name] = (url, fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None)
+    return files
 
 
 def offline() -> bool:
@@ -99,13 +154,13 @@ def offline() -> bool:
 
 
 def index_links(project: str) -> dict[str, tuple[str, str | None]]:
-    """File name -> (url, sha256 the index states) from the PEP 691 JSON simple API."""
+    """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML)."""
     url = f"{index_url()}/{project}/"
-    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    req = urllib.request.Request(url, headers={"Accept": accept})
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
-            data = json.load(resp)
-        return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+            return _simple_files(resp.geturl(), resp.headers.get_content_type(), resp.read())
     except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:  # URLError is an OSError
         raise PinError(
             f"cannot read the package index {url} ({exc}); check the network or PIP_INDEX_URL, "

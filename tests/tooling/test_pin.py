@@ -4,6 +4,7 @@ to do without a network; check-pin works offline from the cache."""
 from __future__ import annotations
 
 import dataclasses
+import email.message
 import hashlib
 import os
 import urllib.error
@@ -192,3 +193,62 @@ def test_check_pin_refuses_a_version_that_is_no_release_before_the_index(monkeyp
     assert main(["check-pin", version]) == 2
     err = capsys.readouterr().err
     assert err == f"error: check-pin VERSION {version!r}: not a release version; give one such as 0.24.0\n", err
+
+
+class _Page:
+    """What urlopen returns for an index page."""
+
+    def __init__(self, url: str, content_type: str, body: bytes) -> None:
+        self._url, self.body = url, body
+        self.headers = email.message.Message()
+        self.headers["Content-Type"] = content_type
+
+    def geturl(self) -> str:
+        return self._url
+
+    def read(self) -> bytes:
+        return self.body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+
+def test_an_index_that_serves_only_pep_503_html_is_read_as_pip_reads_it(monkeypatch):
+    """Many mirrors serve the simple API as HTML only; a file's link may be relative and carry its hash."""
+    page = (
+        b"<!DOCTYPE html><html><body>"
+        b'<a href="../../packages/vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl#sha256=ab12">'
+        b"vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl</a><br/>"
+        b'<a href="https://files.example/vllm_ascend-0.23.0.tar.gz">vllm_ascend-0.23.0.tar.gz</a>'
+        b"</body></html>"
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/pypi/simple/")
+    seen = []
+
+    def urlopen(request, timeout):
+        seen.append(request.full_url)
+        return _Page(request.full_url, "text/html", page)
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    links = pinmod.index_links("vllm-ascend")
+    assert seen == ["https://mirror.example/pypi/simple/vllm-ascend/"]
+    assert links == {
+        "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl": (
+            "https://mirror.example/pypi/packages/vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl",
+            "ab12",
+        ),
+        "vllm_ascend-0.23.0.tar.gz": ("https://files.example/vllm_ascend-0.23.0.tar.gz", None),
+    }
+
+
+def test_the_index_pip_is_configured_with_is_used_without_pip_index_url(tmp_path, monkeypatch):
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nindex-url = https://mirror.example/simple\n")
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    assert pinmod.index_url() == "https://mirror.example/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", "https://other.example/simple/")  # the variable wins, as in pip
+    assert pinmod.index_url() == "https://other.example/simple"

@@ -75,15 +75,20 @@ BROKEN = """--- a/vllm_ascend/__init__.py
 """
 
 
-def test_broken_patch_names_patch_file_and_hunk_and_leaves_nothing(tmp_path, private_cache):
-    upstream_init = (pristine_root() / "vllm_ascend" / "__init__.py").read_bytes()  # the hunks' target
+def _upstream_init_only(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A wheel of upstream's vllm_ascend/__init__.py alone (the hunks' target), an output path, an empty overlay."""
+    upstream_init = (pristine_root() / "vllm_ascend" / "__init__.py").read_bytes()
     wheel = write_wheel(
         tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl",
         {"vllm_ascend/__init__.py": upstream_init},
     )
-    out = tmp_path / "out" / "cp311-x86_64"
     empty_overlay = tmp_path / "overlay"
     empty_overlay.mkdir()
+    return wheel, tmp_path / "out" / "cp311-x86_64", empty_overlay
+
+
+def test_broken_patch_names_patch_file_and_hunk_and_leaves_nothing(tmp_path, private_cache):
+    wheel, out, empty_overlay = _upstream_init_only(tmp_path)
     with pytest.raises(PatchError) as err:
         assemble(wheel=wheel, patch_dir=_patch_dir(tmp_path, BROKEN), overlay_dir=empty_overlay, out_dir=out)
     msg = str(err.value)
@@ -314,14 +319,7 @@ def test_no_patch_leaves_upstream_code_it_made_unused():
 
 
 def test_without_gnu_patch_the_error_says_what_to_install_and_leaves_nothing(tmp_path, private_cache, monkeypatch):
-    upstream_init = (pristine_root() / "vllm_ascend" / "__init__.py").read_bytes()
-    wheel = write_wheel(
-        tmp_path / "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl",
-        {"vllm_ascend/__init__.py": upstream_init},
-    )
-    out = tmp_path / "out" / "cp311-x86_64"
-    empty_overlay = tmp_path / "overlay"
-    empty_overlay.mkdir()
+    wheel, out, empty_overlay = _upstream_init_only(tmp_path)
     monkeypatch.setattr(assemble_mod.shutil, "which", lambda name: None)  # a host without GNU patch
     with pytest.raises(RuntimeError, match="GNU patch is not installed.*apt install patch"):
         assemble(wheel=wheel, patch_dir=_patch_dir(tmp_path, BROKEN), overlay_dir=empty_overlay, out_dir=out)

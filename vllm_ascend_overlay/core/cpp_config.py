@@ -5,8 +5,8 @@ The key and upstream's five settings are kept, so existing configs keep working,
 ``max_fit_chunk``'s range, and values of another type that upstream converted (``"0.8"``,
 ``2048.5``, ``1`` for true): each is now an error naming the key; ours are added. Each key's
 default, range and meaning is declared once, in ``CppConfig``'s fields
-(``config_table.setting``); the user documentation's table is rendered from them. Everything is checked at start-up, and a bad
-value is an error that names the key and the fix.
+(``config_table.setting``); the user documentation's table is rendered from them. Everything
+is checked at start-up, and a bad value is an error that names the key and the fix.
 """
 
 from __future__ import annotations

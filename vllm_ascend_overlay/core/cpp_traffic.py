@@ -8,7 +8,8 @@
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
 - ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
   under a load is least, or with a slack the smallest chunk within that share of the least
-  (the chunk a user would tune by hand; the planner asks at the steady rate), and
+  down the least's own basin (the chunk a user would tune by hand; the planner asks at the
+  steady rate), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
 
@@ -143,10 +144,11 @@ def queue_wait_ms(load: Load, service_ms: np.ndarray) -> np.ndarray:
 
 def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int = 1, slack: float = 0.0) -> float:
     """The fixed chunk a user would tune by hand for this traffic: the profiled size of the least
-    predicted mean TTFT; with ``slack``, the smallest chunk whose predicted mean TTFT is within that
-    share of the least, where the curve through the profiled sizes crosses that bound (linear in
-    the log of the size between the last size above it and the first within it, rounded up to
-    whole tokens, tiles, or the end of the model's step it falls in, as far as that first size).
+    predicted mean TTFT; with ``slack``, the smallest chunk, walking down from the least, whose
+    predicted mean TTFT is within that share of it, where the curve through the profiled sizes
+    crosses that bound (linear in the log of the size between the last size above it and the
+    first within it, rounded up to whole tokens, tiles, or the end of the model's step it falls
+    in, as far as that first size).
     A curve flat near its least crosses the bound at a small angle: taking the first ladder size
     within it would turn a change of a percent in the model into a chunk half as large again,
     and the batches decodes wait for with it. The smaller sizes are those of the least's own

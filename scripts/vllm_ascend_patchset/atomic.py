@@ -18,9 +18,34 @@ from pathlib import Path
 
 
 def scratch_dir(parent: Path, prefix: str) -> Path:
-    """A new empty folder ``parent/<prefix><pid>-<random>``; the pid tells a later run whether it is stale."""
+    """A new empty folder ``parent/<prefix><pid>-<random>``; the pid tells a later run whether it is stale.
+
+    It gets the mode a new folder gets from the umask, not mkdtemp's owner-only one: it is published."""
     parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    path = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    path.chmod(0o777 & ~mask)
+    return path
+
+
+def publish_folder(new: Path, dest: Path) -> None:
+    """Make ``dest`` the real folder ``new`` (a sibling, made by ``scratch_dir``): the old one is moved
+    aside, ``new`` renamed into place, the old one removed. ``dest`` is absent for an instant, never
+    half-filled; an old one left by an interruption carries the scratch's pid (``remove_stale``).
+    For outputs that are copied or archived as they are (a symlink would travel without its tree)."""
+    if new.parent != dest.parent:
+        raise ValueError(f"{new} must be a sibling of {dest}")
+    old = None
+    if dest.is_symlink():  # as publish_dir leaves it
+        old = dest.parent / os.readlink(dest)
+        dest.unlink()
+    elif dest.exists():
+        old = new.with_name(new.name + ".old")
+        os.rename(dest, old)
+    os.rename(new, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _running(pid: int) -> bool:

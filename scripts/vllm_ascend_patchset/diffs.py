@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .assemble import Assembly, apply_patch
-from .atomic import publish_dir, remove_stale, scratch_dir
+from .atomic import publish_folder, remove_stale, scratch_dir
 from .graphs import strongly_connected_parts
 from .hunks import git_diff
 from .imports import import_statements, missing_names, module_of, redefined_names
@@ -311,9 +311,10 @@ def write_diffs(
     if author is not None and not re.fullmatch(r"[^<>\n]+ <[^<>\s]+@[^<>\s]+>", author.strip()):
         raise SeriesError(f"AUTHOR={author!r}: give it as 'Full Name <name@example.com>'")
     series, earlier = _series(assembly, source_patches)
-    # Written in a scratch folder and published in one rename: an interrupted run leaves the last series whole.
-    remove_stale(out_dir.parent, f".{out_dir.name}-")
-    tmp = scratch_dir(out_dir.parent, f".{out_dir.name}-")
+    # Written in a scratch folder, then renamed into place: an interrupted run leaves the last series whole.
+    prefix = f".{out_dir.name}.tmp-"  # (".upstream-" would take ".upstream-main-..." for its own)
+    remove_stale(out_dir.parent, prefix)
+    tmp = scratch_dir(out_dir.parent, prefix)
     written: dict[str, list[Path]] = {}
     try:
         for feature, mails in series.items():
@@ -328,7 +329,7 @@ def write_diffs(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    publish_dir(tmp, out_dir)
+    publish_folder(tmp, out_dir)
     return written
 
 

@@ -326,8 +326,16 @@ def test_an_interrupted_diffs_run_leaves_the_last_series_whole(assembly, tmp_pat
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()) == before
     assert first and (out / "ORDER").is_file()
     monkeypatch.undo()
-    write_diffs(assembly, out)
-    assert [p for p in tmp_path.iterdir() if p.name != "upstream"] == [out.resolve()]  # the one it shows
+    live = tmp_path / f".upstream-main.tmp-{os.getpid()}-abcd"  # another series' run, still going
+    live.mkdir()
+    before_mask = os.umask(0o022)
+    try:
+        write_diffs(assembly, out)
+    finally:
+        os.umask(before_mask)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["upstream", live.name])
+    assert out.is_dir() and not out.is_symlink()  # copied or archived as it is
+    assert out.stat().st_mode & 0o777 == 0o755 and (out / "ORDER").stat().st_mode & 0o777 == 0o644
 
 
 def test_series_order_follows_imports_and_lands_mutual_needs_together(tmp_path, private_cache):

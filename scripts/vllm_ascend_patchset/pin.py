@@ -7,8 +7,10 @@ pip's default) into a cache folder that git ignores, and refused when the hash d
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html.parser
+import http.client
 import json
 import os
 import shutil
@@ -144,7 +146,7 @@ def _simple_files(page_url: str, content_type: str, body: bytes) -> dict[str, tu
     files = {}
     for name, href in anchors.links:
         url, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
-        files[name] = (url, fragment.removeprefix("sha256=") if fragment.startswith("sha256=") else None)
+        files[name] = (url, fragment.removeprefix("sha256=").lower() if fragment.startswith("sha256=") else None)
     return files
 
 
@@ -157,19 +159,37 @@ def index_links(project: str) -> dict[str, tuple[str, str | None]]:
     """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML)."""
     url = f"{index_url()}/{project}/"
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
-    req = urllib.request.Request(url, headers={"Accept": accept})
+    if url.startswith("file:") and Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)).is_dir():
+        url += "index.html"  # a directory index, as pip reads it
+    req = _request(url, Accept=accept)
+    url = req.full_url  # (without credentials: it goes into messages)
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return _simple_files(resp.geturl(), resp.headers.get_content_type(), resp.read())
-    except (OSError, TimeoutError, ValueError, KeyError, TypeError) as exc:  # URLError is an OSError
+    except (OSError, TimeoutError, ValueError, KeyError, TypeError, http.client.HTTPException) as exc:
         raise PinError(
             f"cannot read the package index {url} ({exc}); check the network or PIP_INDEX_URL, "
             f"or work from the cache {cache_dir() / 'downloads'} with PATCHSET_OFFLINE=1"
         ) from exc
 
 
+def _request(url: str, **headers: str) -> urllib.request.Request:
+    """A request for ``url``; credentials in it (``https://user:token@host/...``, as pip takes them) go in
+    an Authorization header, which urllib does not make of them, and the index's go to files on its host."""
+    parts = urllib.parse.urlsplit(url)
+    index = urllib.parse.urlsplit(index_url())
+    if parts.username is None and index.username is not None and index.hostname == parts.hostname:
+        parts = index._replace(path=parts.path, query=parts.query, fragment="")
+    if parts.username is not None:
+        user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
+        headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+        host = parts.hostname + (f":{parts.port}" if parts.port else "")
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return urllib.request.Request(url, headers=headers)
+
+
 def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(url, timeout=300) as resp, open(dest, "wb") as out:
+    with urllib.request.urlopen(_request(url), timeout=300) as resp, open(dest, "wb") as out:
         while block := resp.read(1 << 20):
             out.write(block)
 

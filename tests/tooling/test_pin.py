@@ -3,6 +3,7 @@ to do without a network; check-pin works offline from the cache."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import email.message
 import hashlib
@@ -252,3 +253,34 @@ def test_the_index_pip_is_configured_with_is_used_without_pip_index_url(tmp_path
     assert pinmod.index_url() == "https://mirror.example/simple"
     monkeypatch.setenv("PIP_INDEX_URL", "https://other.example/simple/")  # the variable wins, as in pip
     assert pinmod.index_url() == "https://other.example/simple"
+
+
+def test_credentials_in_the_index_url_go_in_a_header_and_never_into_a_message(monkeypatch):
+    """pip takes https://user:token@host/simple; urllib cannot (it reads 'token@host' as a port)."""
+    monkeypatch.setenv("PIP_INDEX_URL", "https://ci-user:s3cr%40t@mirror.example/simple")
+    seen = []
+
+    def urlopen(request, timeout):
+        seen.append((request.full_url, request.get_header("Authorization")))
+        raise urllib.error.URLError("connection refused")
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    with pytest.raises(PinError) as info:
+        pinmod.index_links("vllm-ascend")
+    expected = "Basic " + base64.b64encode(b"ci-user:s3cr@t").decode()
+    assert seen == [("https://mirror.example/simple/vllm-ascend/", expected)]
+    assert "s3cr" not in str(info.value) and "mirror.example/simple/vllm-ascend/" in str(info.value)
+    # A file on the index's host gets them too; one elsewhere does not.
+    assert pinmod._request("https://mirror.example/packages/a.whl").get_header("Authorization") == expected
+    assert pinmod._request("https://files.example/a.whl").get_header("Authorization") is None
+
+
+def test_a_file_index_is_read_from_its_folders_index_html_and_hashes_in_capitals_are_kept(tmp_path, monkeypatch):
+    page = tmp_path / "simple" / "vllm-ascend"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(
+        '<a href="../../f/vllm_ascend-0.23.0.tar.gz#sha256=AB12CD">vllm_ascend-0.23.0.tar.gz</a>'
+    )
+    monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
+    links = pinmod.index_links("vllm-ascend")
+    assert links == {"vllm_ascend-0.23.0.tar.gz": ((tmp_path / "f" / "vllm_ascend-0.23.0.tar.gz").as_uri(), "ab12cd")}

@@ -173,6 +173,17 @@ def index_links(project: str) -> dict[str, tuple[str, str | None]]:
         ) from exc
 
 
+def _without_credentials(parts: urllib.parse.SplitResult) -> str:
+    """The URL of ``parts`` without its ``user:token@``: what a request goes to and a message may show."""
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit(parts._replace(netloc=host))
+
+
+def shown_index() -> str:
+    """``index_url()`` as a message shows it: without credentials."""
+    return _without_credentials(urllib.parse.urlsplit(index_url()))
+
+
 def _request(url: str, **headers: str) -> urllib.request.Request:
     """A request for ``url``; credentials in it (``https://user:token@host/...``, as pip takes them) go in
     an Authorization header, which urllib does not make of them, and the index's go to files on its host."""
@@ -183,8 +194,7 @@ def _request(url: str, **headers: str) -> urllib.request.Request:
     if parts.username is not None:
         user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
         headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        host = parts.hostname + (f":{parts.port}" if parts.port else "")
-        url = urllib.parse.urlunsplit(parts._replace(netloc=host))
+        url = _without_credentials(parts)
     return urllib.request.Request(url, headers=headers)
 
 
@@ -226,12 +236,12 @@ def fetch(filename: str, sha256: str | None, project: str) -> Path:
         try:
             links = index_links(project)
             if filename not in links:
-                raise PinError(f"{filename}: the package index {index_url()} does not list this file")
+                raise PinError(f"{filename}: the package index {shown_index()} does not list this file")
             url, index_hash = links[filename]
             _download(url, part)
         except (PinError, OSError, TimeoutError) as exc:
             raise PinError(
-                f"cannot download {filename} from {index_url()} ({exc}); with no network, put the file "
+                f"cannot download {filename} from {shown_index()} ({exc}); with no network, put the file "
                 f"(sha256 {sha256}) into {dest_dir}"
             ) from exc
         actual = sha256_of(part)

@@ -284,3 +284,11 @@ def test_a_file_index_is_read_from_its_folders_index_html_and_hashes_in_capitals
     monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
     links = pinmod.index_links("vllm-ascend")
     assert links == {"vllm_ascend-0.23.0.tar.gz": ((tmp_path / "f" / "vllm_ascend-0.23.0.tar.gz").as_uri(), "ab12cd")}
+
+
+def test_a_download_that_fails_never_shows_the_index_credentials(cache, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://ci-user:s3cret@mirror.example/simple")
+    monkeypatch.setattr(pinmod, "index_links", lambda project: {})  # the file is not listed
+    with pytest.raises(PinError) as info:
+        pinmod.fetch("x.whl", "0" * 64, "vllm-ascend")
+    assert "mirror.example/simple does not list this file" in str(info.value) and "s3cret" not in str(info.value)

@@ -4,7 +4,7 @@ tp_worker.py runs vLLM's real Qwen3 layers through the patch set's model class, 
 CPU reference attention on a paged KV cache, over a mixed batch with cached history, an
 all-fresh prefill batch and a decode-only batch, for every split strategy and CPU
 backend; plus a batch whose split the length threshold refuses, a mutated schedule, a
-fault in the split decision, and last a fault on one rank only.
+fault in the split decision and one in cutting the metadata, and last a fault on one rank only.
 """
 
 from __future__ import annotations
@@ -60,13 +60,16 @@ def test_removing_a_wait_of_the_schedule_is_caught(tp_runs, wait):
         assert run["max_out_diff"] > 100 * TOLERANCE * max(1.0, run["out_scale"]), run
 
 
-def test_a_fault_in_the_split_decision_falls_back_on_every_rank_with_one_warning(tp_runs):
+@pytest.mark.parametrize(
+    ("key", "warning"), [("fault", "deciding the split"), ("cut_fault", "cutting the batch in two")]
+)
+def test_a_fault_in_the_split_decision_or_cut_falls_back_on_every_rank_with_one_warning(tp_runs, key, warning):
     for result in tp_runs:
-        fault = result["fault"]
+        fault = result[key]
         assert not fault["took_dual"] and not fault["still_on"] and not fault["took_dual_again"]
         assert fault["max_out_diff"] == 0.0 and fault["max_cache_diff"] == 0.0
         assert fault["max_out_diff_after"] == 0.0
-        assert len(fault["warnings"]) == 1 and fault["warnings"][0].startswith("[DualStream] deciding the split")
+        assert len(fault["warnings"]) == 1 and fault["warnings"][0].startswith(f"[DualStream] {warning}")
         assert "run single-stream" in fault["warnings"][0]
 
 

@@ -148,6 +148,7 @@ def main(rank: int, world: int, port: int, model_dir: str, out_path: str) -> Non
         init_weights(upstream)
         results["feature_off"] = feature_off_is_vllms_forward(model, upstream, forward, run)
         results["fault"] = decision_fault_falls_back(model, run, scenarios()["mixed_with_history"])
+        results["cut_fault"] = decision_fault_falls_back(model, run, scenarios()["mixed_with_history"], "cut")
         from dual_stream import measured_scenarios
 
         cache_dir = Path(out_path).parent / "dual-stream-cache"
@@ -207,25 +208,30 @@ def feature_off_is_vllms_forward(model, upstream, forward, run):
     return {"same_parameters": ours == theirs, "num_parameters": len(ours), "cases": cases}
 
 
-def decision_fault_falls_back(model, run, scenario):
-    """A fault in the gate's decision (on every rank, as its inputs are the same everywhere):
-    the upstream forward of the same batch, one warning, then the feature is off."""
+def decision_fault_falls_back(model, run, scenario, where="decision"):
+    """A fault in the gate's decision, or in cutting the batch's metadata in two (on every rank, as
+    their inputs are the same everywhere): the upstream forward of the same batch, one warning, then
+    the feature is off."""
     from vllm_ascend.dual_stream import gate
     from vllm_ascend.dual_stream.config import DualStreamConfig
     from vllm_ascend.models import qwen3 as ours
 
     from dual_stream.cpu_backends import GlooAsyncBackend
 
-    def broken_split(*args, **kwargs):
-        raise RuntimeError("injected fault in the split decision")
+    def broken(*args, **kwargs):
+        raise RuntimeError(f"injected fault in the split {where}")
 
     requests, state = scenario
     reference, ref_cache, _ = run(requests, state, DualStreamConfig(), None)
     config = DualStreamConfig(True, "half_batch", 1.0, 2)
     warnings, detach = _capture_warnings(ours)
+    if where == "decision":
+        target = _patched(gate, "choose_split", broken)
+    else:  # the splitter's cut of the attention metadata (after the decision, before any collective)
+        target = _patched(model.dual_stream_splitter, "split", broken)
     try:
         model._dual_stream_on = True
-        with _patched(gate, "choose_split", broken_split):
+        with target:
             out, cache, took_dual = run(requests, state, config, GlooAsyncBackend(None), keep_switch=True)
         still_on = model._dual_stream_on
         again, _, took_dual_again = run(requests, state, config, GlooAsyncBackend(None), keep_switch=True)

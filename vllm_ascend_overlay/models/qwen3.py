@@ -13,10 +13,11 @@ With ``length_threshold`` unset the gate is measured (``dual_stream.measured``):
 of a size class not measured yet is a probe, run both ways and timed, and from then on
 the batches of that class go where they measured faster.
 
-Faults: only the decision (``gate.decide``, the measured gate's routing) may fall back
-to the upstream forward, with one warning, the feature then off for the rest of the
-process. It runs before the first collective, on host-side values identical on every TP
-rank, so every rank meets the same fault and falls back together. So does a fault of the
+Faults: only the decision (``gate.decide``, the measured gate's routing) and the cut of
+the attention metadata and slot mapping in two may fall back to the upstream forward,
+with one warning, the feature then off for the rest of the process. They run before the
+first collective, on host-side values identical on every TP rank, so every rank meets
+the same fault and falls back together. So does a fault of the
 measured gate's start (its collectives are reached by every rank whatever the cache read
 gave) or of a probe's timing (agreed on by every rank before it is used). From the
 embedding's all-reduce on, a fault of a forward propagates, as it would from the upstream
@@ -187,10 +188,19 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 route = self._measured_route(point)
         if route == "single":
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
+        try:  # still before any collective, on the same host-side values on every rank (module docstring)
+            ctx = get_forward_context()
+            halves = (
+                self.dual_stream_splitter.split(ctx.attn_metadata, point),
+                split_slot_mapping(ctx.slot_mapping, point),
+            )
+        except Exception:
+            self._fall_back("cutting the batch in two failed")
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds)
         # From here on a fault of a forward propagates (module docstring): collectives are about to be issued.
         if route == "probe":
-            return self._probe(point, input_ids, positions, intermediate_tensors, inputs_embeds)
-        return self._forward_dual_stream(point, input_ids, positions, intermediate_tensors, inputs_embeds)
+            return self._probe(point, halves, input_ids, positions, intermediate_tensors, inputs_embeds)
+        return self._forward_dual_stream(point, halves, input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def _measured_route(self, point: SplitPoint) -> str:
         """The measured gate's call for a split batch; starts the gate (collectives) on first use."""
@@ -217,7 +227,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             self.dual_stream_last_reason = "measured gate: probe"
         return route
 
-    def _probe(self, point, input_ids, positions, intermediate_tensors, inputs_embeds):
+    def _probe(self, point, halves, input_ids, positions, intermediate_tensors, inputs_embeds):
         """One batch single- and dual-stream, timed; the measured gate keeps the agreed timings."""
         mode = self.dual_stream_measured
         run = ProbeRun(
@@ -225,7 +235,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
                 self, input_ids, positions, intermediate_tensors, inputs_embeds
             ),
             run_dual=lambda: self._forward_dual_stream(
-                point, input_ids, positions, intermediate_tensors, inputs_embeds
+                point, halves, input_ids, positions, intermediate_tensors, inputs_embeds
             ),
             synchronize=self._backend().synchronize,
             agree=measured_group.agree(get_tp_group()),
@@ -272,6 +282,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
     def _forward_dual_stream(
         self,
         point: SplitPoint,
+        halves: tuple[tuple[dict[str, Any], dict[str, Any]], tuple[Any, Any]],
         input_ids: torch.Tensor | None,
         positions: torch.Tensor,
         intermediate_tensors: IntermediateTensors | None,
@@ -283,8 +294,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         A stage before the last hands both on, joined; the last normalises and joins.
         """
         ctx = get_forward_context()
-        metadata = self.dual_stream_splitter.split(ctx.attn_metadata, point)
-        slots = split_slot_mapping(ctx.slot_mapping, point)
+        metadata, slots = halves  # (the attention metadata and slot mapping of each micro-batch)
         pp_group = get_pp_group()
         if pp_group.is_first_rank:
             hidden_states = inputs_embeds if inputs_embeds is not None else self.model.embed_input_ids(input_ids)

@@ -292,3 +292,20 @@ def test_the_expected_values_read_plainly():
     assert spec(float, "m", low=0, low_open=True).expects() == "a number > 0"
     assert spec(str, "m", choices=("a", "b")).expects() == "one of 'a', 'b'"
     assert spec(bool, "m").expects() == "true or false"
+
+
+@pytest.mark.parametrize("name", SECTIONS)
+def test_keys_given_without_enabled_leave_the_feature_off_with_one_warning(name, caplog, monkeypatch):
+    _section, key, parse, _error, _doc = SECTIONS[name]
+    monkeypatch.setattr(config_table, "_WARNED_OFF", set())
+    other = next(k for k in config_table.settings(_section) if k != "enabled")
+    default = config_table.settings(_section)[other][0]
+    with caplog.at_level("WARNING", logger="vllm_ascend.config_table"):
+        assert not parse({}).enabled and not parse({"enabled": False, other: default}).enabled
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], "nothing to say: off as written"
+        off = parse({other: default})
+        parse({other: default})  # the engine parses its config again: no second warning
+    assert not off.enabled
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert warnings[0].startswith(f'{key} sets {other} but not "enabled"') and '"enabled": true' in warnings[0]

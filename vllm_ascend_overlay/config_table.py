@@ -17,6 +17,10 @@ Values are checked alike in every section:
   relative path taken from the working directory); ``""`` passes unchanged;
 - ``nullable``: ``null`` is accepted as well (its meaning is in the key's meaning).
 
+A section that has an ``enabled`` key and is given other keys without it is off, as by
+default: one warning says so (once per process), since the user who set them likely
+meant it on.
+
 Every problem of a dict (unknown keys, wrong types, values out of range) is reported in
 one error, one line each, as ``<section>.<key>=<value>: <fix>``; a value too long to read
 (an integer of thousands of digits, a long string) is shown shortened, and a key that
@@ -35,6 +39,10 @@ import reprlib
 import sys
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from vllm_ascend.log_adapter import get_logger
+
+logger = get_logger(__name__)
 
 SETTING = "setting"  # the field-metadata key holding a field's Setting
 
@@ -243,6 +251,9 @@ def check_section_name(additional_config: Any, key: str, error: type[Exception] 
             raise error(f"additional_config key {shown(name)} is not read: did you mean {key!r}? Rename it.")
 
 
+_WARNED_OFF: set[str] = set()  # sections whose keys were given without "enabled" (warned once)
+
+
 def parse_section(
     section: type[T], raw: Any, *, key: str, error: type[Exception] = ValueError, replaced: dict[str, str] | None = None
 ) -> T:
@@ -266,6 +277,12 @@ def parse_section(
         if fault:
             problems.append(problem(key, name, raw[name], f"{fault} (default {_default_text(default, spec)})"))
     raise_problems(key, problems, error, footer)
+    if raw and "enabled" in table and "enabled" not in raw and key not in _WARNED_OFF:
+        _WARNED_OFF.add(key)  # (once per process: the engine parses its config more than once)
+        logger.warning(
+            '%s sets %s but not "enabled", which is false by default: the feature stays off. '
+            'Add "enabled": true to turn it on.', key, ", ".join(sorted(raw)),
+        )  # fmt: skip
     for name, (_default, spec) in table.items():
         if name not in values and spec.default_from is not None:
             values[name] = values.get(spec.default_from, table[spec.default_from][0])

@@ -151,8 +151,15 @@ def _simple_files(page_url: str, content_type: str, body: bytes) -> dict[str, tu
 
 
 def offline() -> bool:
-    """``PATCHSET_OFFLINE=1``: use only the cache, never the network."""
-    return os.environ.get("PATCHSET_OFFLINE") == "1"
+    """``PATCHSET_OFFLINE=1`` (or true, yes, on): use only the cache, never the network; unset, empty, 0,
+    false, no or off: the network too. Anything else is an error, not a silent download."""
+    value = os.environ.get("PATCHSET_OFFLINE", "").strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    shown = os.environ["PATCHSET_OFFLINE"][:40]
+    raise PinError(f"PATCHSET_OFFLINE={shown!r}: set it to 1 to work from the cache only, or to 0 (or unset it)")
 
 
 def index_links(project: str) -> dict[str, tuple[str, str | None]]:

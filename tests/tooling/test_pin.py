@@ -292,3 +292,26 @@ def test_a_download_that_fails_never_shows_the_index_credentials(cache, monkeypa
     with pytest.raises(PinError) as info:
         pinmod.fetch("x.whl", "0" * 64, "vllm-ascend")
     assert "mirror.example/simple does not list this file" in str(info.value) and "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("1", True),
+        ("true", True),
+        (" YES ", True),
+        ("on", True),
+        ("", False),
+        ("0", False),
+        ("False", False),
+        ("off", False),
+    ],
+)
+def test_patchset_offline_reads_as_a_switch_and_anything_else_is_an_error(monkeypatch, value, expected):
+    from vllm_ascend_patchset import pin
+
+    monkeypatch.setenv("PATCHSET_OFFLINE", value)
+    assert pin.offline() is expected
+    monkeypatch.setenv("PATCHSET_OFFLINE", "offline")
+    with pytest.raises(pin.PinError, match=r"PATCHSET_OFFLINE='offline': set it to 1"):
+        pin.offline()

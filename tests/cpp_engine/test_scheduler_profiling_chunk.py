@@ -16,7 +16,7 @@ from unittest import mock
 import helpers
 import pytest
 from vllm_ascend import deployment
-from vllm_ascend.core import cpp_policy, cpp_profile_store, cpp_profiling
+from vllm_ascend.core import cpp_held, cpp_policy, cpp_profile_store, cpp_profiling
 from vllm_ascend.core.cpp_step_budget import StepBudget
 
 ProfilingChunkScheduler = helpers.profiling_chunk_scheduler_class()
@@ -883,3 +883,85 @@ def test_a_request_vllm_set_aside_is_sized_when_it_is_admitted(tmp_path, profile
     assert plan is not None and set(plan.charged) == {"aside"}
     expected = StepBudget(scheduler.cpp_rule, scheduler.cpp_plan).grant(0, 3000, BASE_CHUNK)
     assert out.num_scheduled_tokens == {"aside": expected}
+
+
+def test_the_fixed_fallback_bounds_the_prefills_and_every_decode_rides_on_top(tmp_path):
+    """vLLM schedules every decode each step (max_num_batched_tokens >= max_num_seqs); the fallback's fixed
+    chunk bounds the prefills' tokens, not the step's: 200 decodes and a prompt's fixed chunk all advance
+    every step (before, the 256 tokens of the step went to decodes, and the prompt waited for them to end)."""
+
+    class Broken(Surface):
+        def ms(self, chunk_tokens, history_tokens):
+            broken = history_tokens > 0 and chunk_tokens > 1
+            return super().ms(chunk_tokens, history_tokens) * (float("nan") if broken else 1.0)
+
+    settings = {"enabled": True, "cache_dir": str(tmp_path / "cache"), "profile_points": 16}
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler, model_dir=tmp_path / "model", num_blocks=4096, max_num_batched_tokens=BASE_CHUNK,
+        max_num_seqs=320, max_model_len=8192, block_size=BLOCK_SIZE, pipeline_parallel_size=8,
+        additional_config={"profiling_chunk_config": settings},
+    )  # fmt: skip
+    scheduler.run_profiling_chunk_init(FakeExecutor(stages=(Broken(),)))
+    fixed = scheduler.cpp_fixed_chunk_tokens
+    assert fixed is not None and fixed + 200 <= BASE_CHUNK < fixed + 300
+    arrivals = [(0, request(f"d{i}", 4, 50, start=10 * i + 1)) for i in range(200)]
+    outputs = helpers.run_to_completion(scheduler, [*arrivals, (40, request("long", 2000, 2, start=50000))])
+    with_prompt = [out for out in outputs if "long" in out.num_scheduled_tokens][:3]
+    assert [out.num_scheduled_tokens["long"] for out in with_prompt] == [fixed] * 3
+    for out in with_prompt:  # every decode (all still running: 50 tokens each) in the step beside the chunk
+        assert sum(rid.startswith("d") for rid in out.num_scheduled_tokens) == 200
+
+
+@pytest.mark.parametrize("known_at_start_up", [True, False])
+def test_where_the_loop_cuts_prefills_to_whole_blocks_a_long_prompt_still_advances(tmp_path, known_at_start_up):
+    """A hybrid model with prefix caching (mamba_cache_mode "align"): vLLM's loop rounds every prefill chunk
+    short of the prompt's last block down to whole blocks, a chunk under one block to nothing. Known at
+    start-up, CPP's chunks are whole blocks; if not, a step that advanced no prefill leaves the next one's
+    sizes to vLLM. Either way the prompt finishes beside the decodes (it stalled for good before)."""
+    block = 256
+    settings = {"enabled": True, "cache_dir": str(tmp_path / "cache"), "profile_points": 16}
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler, model_dir=tmp_path / "model", num_blocks=400, max_num_batched_tokens=BASE_CHUNK,
+        max_num_seqs=16, max_model_len=8192, block_size=block, pipeline_parallel_size=4,
+        additional_config={"profiling_chunk_config": settings},
+    )  # fmt: skip
+    if known_at_start_up:
+        scheduler.need_mamba_block_aligned_split = True  # (vLLM's Scheduler.__init__ sets it)
+    scheduler.run_profiling_chunk_init(FakeExecutor())
+    scheduler.need_mamba_block_aligned_split = True
+    assert scheduler.cpp_rule is not None
+    if known_at_start_up:
+        assert scheduler.cpp_rule.limits.granule_tokens % block == 0
+    arrivals = [(0, request(f"chat{i}", 40, 300, start=100 * i + 1)) for i in range(6)]
+    outputs = helpers.run_to_completion(scheduler, [*arrivals, (2, request("long", 7000, 2, start=20000))])
+    chunks = prefill_chunks(outputs, "long")
+    assert sum(chunks) == 7000 + 1  # (its prompt, then its one decode)
+    if known_at_start_up:  # whole blocks to the prompt's last one, never a step that advanced nothing
+        assert all(c % block == 0 for c in chunks[:-3]) and 0 not in chunks
+
+
+def test_under_the_priority_policy_the_allotment_takes_waiting_requests_in_admission_order(tmp_path):
+    """vLLM's admission under ``--scheduling-policy priority`` takes the higher of the two waiting queues'
+    heads, not the skipped queue first: a high-priority prompt behind 8 passed-over ones is admitted first.
+    The allotment sees the same order, so the batch keeps to its target (before, it sized that prompt from
+    what was left and still gave the allotted one its whole chunk: 27% over the target)."""
+    settings = {"enabled": True, "cache_dir": str(tmp_path / "cache"), "profile_points": 16}
+    scheduler = helpers.make_scheduler(
+        ProfilingChunkScheduler, model_dir=tmp_path / "model", num_blocks=1024, max_num_batched_tokens=2048,
+        max_num_seqs=16, max_model_len=8192, block_size=BLOCK_SIZE, pipeline_parallel_size=8, policy="priority",
+        additional_config={"profiling_chunk_config": settings},
+    )  # fmt: skip
+    scheduler.run_profiling_chunk_init(FakeExecutor())
+    shared = list(range(100000, 106000))
+    helpers.run_to_completion(scheduler, [(0, helpers.make_request("warm", shared, max_tokens=1, priority=5))])
+    for i in range(8):  # passed over before (by CPP, a LoRA limit or a connector): vLLM's skipped queue
+        tokens = shared + list(range(10000 * i + 1, 10000 * i + 2001 + 10 * i))
+        scheduler.add_request(helpers.make_request(f"low{i}", tokens, max_tokens=1, priority=5, arrival_time=i))
+        scheduler.skipped_waiting.add_request(scheduler.waiting.pop_request())
+    high = helpers.make_request("high", list(range(50000, 50300)), max_tokens=1, priority=0, arrival_time=9.0)
+    scheduler.add_request(high)
+    assert next(cpp_held.waiting_in_order(scheduler)) is high
+    out = scheduler.schedule()
+    assert "high" in out.num_scheduled_tokens
+    batch_ms = scheduler.cpp_rule.model.batch_time_ms(batch_pairs(out, {}).values())
+    assert batch_ms <= scheduler.cpp_target_ms * (1 + TAIL_TOLERANCE) + 1e-9

@@ -5,13 +5,15 @@ vLLM's own queues, gathered here so that the plan, the step's allotment and admi
 see the same thing:
 
 - ``waiting_in_order``: the waiting requests in the order admission takes them (vLLM's
-  skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot);
+  skipped queue first: requests passed over before, or waiting on remote KV or a LoRA slot;
+  under the priority policy the two queues merged by priority, as admission compares their heads);
   ``settle_preempted``: the queues after an output, for the requests preempted with one in flight;
 - ``prefix_hit_tokens``: where admission will start a waiting prompt, after its
   prefix-cache hit (a lookup as admission makes it; nothing is held); ``PrefixHits``
   makes it once a step for the plan and the allotment;
 - ``allotment_candidates``: the running prefills and the first waiting requests as
-  (request, history, remaining, waited, started), for ``StepBudget.allot``.
+  (request, history, remaining, waited, started), for ``StepBudget.allot``;
+- ``held_for_plan``: (history, remaining) of what a plan holds, made only when a plan is.
 
 ``plan_shape`` is what a plan depends on, coarsely, so that a stream of prompts of the
 same sizes does not plan again. Nothing here is called per request of the loop.
@@ -19,14 +21,18 @@ same sizes does not plan again. Nothing here is called per request of the loop.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
 
+from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
+
 __all__ = [
     "PrefixHits",
     "allotment_candidates",
+    "held_for_plan",
     "plan_shape",
     "prefix_hit_tokens",
     "settle_preempted",
@@ -35,8 +41,30 @@ __all__ = [
 
 
 def waiting_in_order(scheduler: Any) -> Iterator[Any]:
-    """The waiting requests in the order admission takes them: those passed over before first."""
+    """The waiting requests in the order admission takes them: those passed over before first; under the
+    priority policy, each time the higher of the two queues' heads (each queue iterates in its order)."""
+    policy = getattr(scheduler, "policy", None)  # (vLLM's SchedulingPolicy)
+    if getattr(policy, "value", policy) == "priority":
+        return heapq.merge(scheduler.skipped_waiting, scheduler.waiting)
     return itertools.chain(scheduler.skipped_waiting, scheduler.waiting)
+
+
+def held_for_plan(scheduler: Any, running_prefills: list, hits: PrefixHits, traffic: Any, lookahead: int) -> list:
+    """(history, remaining) of the running prefills and the first ``lookahead`` waiting requests, for a plan
+    (the queue behind the head is read only when a plan is made, never per step). The first
+    ``PLAN_MAX_PREFILLS`` start after their prefix-cache hits, as admission will start them, and
+    ``traffic`` counts their sizes with the hits out."""
+    held = []
+    waiting = itertools.islice(waiting_in_order(scheduler), lookahead)
+    for index, request in enumerate([*running_prefills, *waiting]):
+        history_tokens = request.num_computed_tokens
+        if index < PLAN_MAX_PREFILLS and not history_tokens:
+            history_tokens = hits.tokens(scheduler, request)
+        remaining_tokens = request.num_tokens - history_tokens
+        if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):
+            traffic.held(request.request_id, history_tokens, remaining_tokens)
+        held.append((history_tokens, remaining_tokens))
+    return held
 
 
 def settle_preempted(scheduler: Any, preempted: set, status: Any) -> None:

@@ -7,9 +7,9 @@ sized, each its chunk cut to what is left of the batch-time target T.
 Order. vLLM visits running requests in admission order, then waiting ones. Sized as
 visited, an old long prompt fills the batch and a short one behind it gets a crumb a
 step, one token step after step. So at step start the running prefills and the first
-waiting requests are allotted their chunks (``allot``): the running ones first, as vLLM
-visits them (a prefill once started runs to its end), then the waiting ones in order of
-response ratio, (waited + work left) / work left: the shortest first, the mean TTFT's
+waiting requests are allotted their chunks (``allot``): the running ones first (a prefill
+once started runs to its end), then the waiting ones, each group in order of response
+ratio, (waited + work left) / work left: the shortest first, the mean TTFT's
 gain, while a long prompt gains on a new short one as it waits, so a stream of short
 prompts cannot starve it (highest response ratio next, which does not preempt: a short
 prompt let in ahead of a started long one would then decode beside all of its chunks,

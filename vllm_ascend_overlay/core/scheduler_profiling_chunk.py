@@ -8,9 +8,8 @@ Here is only the bookkeeping:
 - start-up: ``run_profiling_chunk_init(executor)`` gets a verdict on a cached or fresh
   profile (core/cpp_profiling.py, core/cpp_acceptance.py): a latency model to schedule
   with; or, when the data is broken, the fixed chunk that is best for this pipeline on
-  what was measured, run through the same hooks (the step's token budget); or, when
-  nothing valid was measured, vLLM's own loop with fixed chunks of
-  ``max_num_batched_tokens``. One log line says which;
+  what was measured, as the step's prefill tokens (decodes ride on top); or, when nothing
+  valid was measured, vLLM's own loop (one log line says which); whole blocks where vLLM cuts to them;
 - each step that holds or may admit a prefill: running decodes are reserved at their true
   history (kept from step to step, core/cpp_running.py), then the running prefills and the
   first waiting requests are allotted their chunks, running ones first, waiting ones in
@@ -18,8 +17,8 @@ Here is only the bookkeeping:
   vLLM visits gets its allotment or else its chunk of what is left, at its true history
   (prefix-cache hits included); a grant of 0 skips a running request, and passes over a
   waiting one or stops admission. After a sized step that advanced no prefill (no KV
-  blocks), one step is sized as vLLM visits. A step with no prefill left and none waiting
-  is not sized (the loop's per-request hooks are then the identity ones);
+  blocks), one is sized as vLLM visits; after two granted and cut to nothing by the loop,
+  one is vLLM's. A step with no prefill left and none waiting is not sized (identity hooks);
 - the batch-time target is planned again (core/cpp_planner.py) only when the held prefills
   change or decodes start or stop, from the prefills in FCFS order (a waiting one from its
   prefix-cache hit), the decodes and the largest batch in flight; with a batch in flight,
@@ -32,9 +31,9 @@ Here is only the bookkeeping:
   the rest of the process (vLLM's own loop from the next step).
 
 Without an engine (tests, offline simulation): construct it like any vLLM scheduler, call
-``run_profiling_chunk_init(executor)`` once (``executor.collective_rpc("profile_prefill_latency",
-args=(chunk_tokens, history_tokens))`` returns per-worker ms; or ``measure=fn``), then alternate
-``schedule()`` and ``update_from_output(...)``; ``planned_batch(output)`` is a step's record.
+``run_profiling_chunk_init(executor)`` once (``collective_rpc("profile_prefill_latency", args=(chunk_tokens,
+history_tokens))`` returns per-worker ms; or ``measure=fn``), then alternate ``schedule()`` and
+``update_from_output(...)``; ``planned_batch(output)`` is a step's record.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ from vllm.v1.request import RequestStatus
 from vllm_ascend.core import cpp_held
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits, ChunkRule, Plan
 from vllm_ascend.core.cpp_config import CONFIG_KEY, parse_cpp_config
-from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, plan_shape, waiting_in_order
+from vllm_ascend.core.cpp_held import PrefixHits, allotment_candidates, held_for_plan, plan_shape, waiting_in_order
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 from vllm_ascend.core.cpp_policy import CppBatch, CppPolicy
 from vllm_ascend.core.cpp_profiling import initialise_profile, measure_with_executor
@@ -93,7 +92,10 @@ class ProfilingChunkScheduler(BalanceScheduler):
         hooks = ("cap_running_tokens", "charge_scheduled_tokens")  # a step not sized answers with these
         self._cpp_identity_hooks = {name: getattr(ScheduleHooks, name).__get__(self) for name in hooks}
         self._cpp_identity = False  # the identity hooks are in place (set on the first step not sized)
-        self._cpp_stalled = False  # the last sized step advanced no prefill
+        self._cpp_stalled = False  # the last sized step advanced no prefill: this one is not allotted
+        self._cpp_granted = False  # a prefill was granted tokens in this step
+        self._cpp_cut = 0  # sized steps in a row whose prefills were granted tokens and none advanced
+        self._cpp_unsized = False  # this step leaves the prefills' sizes to vLLM (after two such)
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
         self._cpp_preempted: set = set()  # preempted requests not admitted again (cpp_held.settle_preempted)
@@ -131,13 +133,16 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return
         verdict = start_up.verdict
         self.cpp_source, self.cpp_verdict = start_up.source, verdict.reason
+        aligned = getattr(self, "need_mamba_block_aligned_split", False)  # the loop cuts chunks to whole blocks
+        granule = math.lcm(verdict.granule_tokens, self.cache_config.block_size if aligned else 1)  # (mamba)
         if verdict.model is None:
-            fixed = self.cpp_fixed_chunk_tokens = verdict.fixed_chunk_tokens
+            fixed = verdict.fixed_chunk_tokens and -(-verdict.fixed_chunk_tokens // granule) * granule
+            self.cpp_fixed_chunk_tokens = fixed
             why = f"the best for {num_stages} pipeline stages on what was measured" if fixed else "upstream's behaviour"
             logger.warning("[CPP] %s; fixed chunks of %d tokens (%s)", verdict.reason, fixed or base_tokens, why)
             return
         self.cpp_policy = CppPolicy(
-            verdict.model, replace(limits, granule_tokens=verdict.granule_tokens), num_stages,
+            verdict.model, replace(limits, granule_tokens=granule), num_stages,
             asynchronous=isinstance(self, AsyncScheduler), calibration_window=self.cpp_config.calibration_window,
             target_tpot_ms=self.cpp_config.target_tpot_ms,
         )  # fmt: skip
@@ -152,24 +157,22 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def uses_schedule_hooks(self) -> bool:
         return self.cpp_policy is not None or self.cpp_fixed_chunk_tokens is not None
 
+    # The current latency model's chunk rule, the plan (its batch-time target and what it was planned with),
+    # and the online calibration that owns the model; each None under fixed chunking.
     @property
     def cpp_rule(self) -> ChunkRule | None:
-        """The chunk rule of the current latency model (None: fixed chunking)."""
         return None if self.cpp_policy is None else self.cpp_policy.rule
 
     @property
     def cpp_plan(self) -> Plan | None:
-        """The current plan: the batch-time target and what it was planned with (None: fixed chunking)."""
         return None if self.cpp_policy is None else self.cpp_policy.plan
 
     @property
     def cpp_target_ms(self) -> float | None:
-        """The batch-time target of the current plan (None: fixed chunking)."""
         return None if self.cpp_policy is None else self.cpp_policy.plan.target_ms
 
     @property
     def cpp_calibration(self):
-        """The online calibration, owner of the current model (None: fixed chunking)."""
         return None if self.cpp_policy is None else self.cpp_policy.calibration
 
     def _cpp_fault(self, where: str, error: BaseException) -> None:
@@ -192,8 +195,9 @@ class ProfilingChunkScheduler(BalanceScheduler):
             return token_budget
 
     def _step_starts(self, token_budget: int) -> int:
-        if self.cpp_fixed_chunk_tokens is not None:
-            return min(token_budget, self.cpp_fixed_chunk_tokens)
+        if self.cpp_fixed_chunk_tokens is not None:  # the prefills' tokens; every decode rides on top
+            decodes = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running)
+            return min(token_budget, self.cpp_fixed_chunk_tokens + decodes * (1 + self.num_spec_tokens))
         if self.cpp_policy is None:
             return token_budget
         budget = self.cpp_policy.budget
@@ -219,11 +223,11 @@ class ProfilingChunkScheduler(BalanceScheduler):
         budget.decoding(state.num_decodes > 0)  # (in flight or not, each waits for this step)
         state.reserve(self, budget)
         self._plan_if_prefills_changed(prefills)
-        if self._cpp_stalled:
-            # The last sized step advanced no prefill (the one allotted got no KV blocks): this
-            # one sizes them as vLLM visits them, running ones first, as upstream's loop does.
-            self._cpp_stalled = False
-        else:
+        # After a step that advanced no prefill (no KV blocks for the one allotted), the prefills are sized as
+        # vLLM visits them; after two that were granted tokens and advanced none (the loop cut them to nothing:
+        # a multimodal input not to be cut), vLLM sizes them, once.
+        self._cpp_unsized, self._cpp_granted = self._cpp_cut >= 2, False
+        if not (self._cpp_stalled or self._cpp_unsized):
             self._allot(budget, prefills, token_budget)
         return token_budget
 
@@ -248,16 +252,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if held_before and self._cpp_steps_since_plan < self.cpp_policy.rule.num_stages:
             return  # at most one plan per pipeline round while prefills are held: the plan stays off the step
         self._cpp_plan_key, self._cpp_steps_since_plan = key, 0
-        held = []  # the queue behind the head is read only when a plan is made, never per step
-        waiting = itertools.islice(waiting_in_order(self), PLAN_LOOKAHEAD)
-        for index, request in enumerate([*running_prefills, *waiting]):
-            history_tokens = request.num_computed_tokens
-            if index < PLAN_MAX_PREFILLS and not history_tokens:  # admission will start it after its cache hit
-                history_tokens = self._cpp_prefix_hits.tokens(self, request)
-            remaining_tokens = request.num_tokens - history_tokens
-            if index < max(PLAN_MAX_PREFILLS, len(running_prefills)):  # sizes with their cache hits out
-                self.cpp_policy.traffic.held(request.request_id, history_tokens, remaining_tokens)
-            held.append((history_tokens, remaining_tokens))
+        held = held_for_plan(self, running_prefills, self._cpp_prefix_hits, self.cpp_policy.traffic, PLAN_LOOKAHEAD)
         if not held:
             return
         shape = plan_shape(held, self.cpp_running.num_decodes)  # (decodes counted as kept: no walk)
@@ -283,22 +278,26 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
             budget = self._cpp_step_budget
-            if budget is None or num_new_tokens <= 0:
+            if budget is None or num_new_tokens <= 0 or self._cpp_unsized:
                 return num_new_tokens  # nothing to size (a decode in flight)
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
                 return num_new_tokens  # decodes are reserved at step start and never cut
-            return budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens, request.request_id)
+            granted = budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens, request.request_id)
+            self._cpp_granted |= granted > 0
+            return granted
         except Exception as error:
             self._cpp_fault("sizing a running request", error)
             return num_new_tokens
 
     def cap_waiting_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> int:
         try:
-            if self.cpp_policy is None:  # (a waiting request makes the step a sized one)
+            if self.cpp_policy is None or self._cpp_unsized:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
-            remaining_tokens = request.num_tokens - history_tokens
-            return self.cpp_policy.budget.admit(history_tokens, remaining_tokens, num_new_tokens, request.request_id)
+            left = request.num_tokens - history_tokens
+            admitted = self.cpp_policy.budget.admit(history_tokens, left, num_new_tokens, request.request_id)
+            self._cpp_granted |= admitted > 0
+            return admitted
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
@@ -346,6 +345,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if len(budget.individually) + len(budget.reserved or ()) != len(scheduled):
             self.cpp_running.stale = True  # a request went out uncharged (not reserved): read them all again
         self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
+        self._cpp_cut = self._cpp_cut + 1 if self._cpp_stalled and self._cpp_granted else 0
         self.cpp_running.after_step(self, scheduler_output, budget)
         if budget.any_charged:
             config = self.cpp_config

@@ -30,7 +30,7 @@ assemble:         ## build/<target>/vllm_ascend only
 	$(TOOL) assemble $(TARGET_ARGS)
 
 venv:             ## the CPU test environment in .venv
-	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else f"the test environment needs Python 3.11 or later as python3 (found {v.major}.{v.minor}): its pinned numpy and scipy need 3.11; PYTHON=python3.11 make test uses another")'
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if (3, 11) <= v[:2] <= (3, 12) else f"the test environment needs Python 3.11 or 3.12 as python3 (found {v.major}.{v.minor}): its pinned numpy and scipy need 3.11, the pinned upstream wheels are built up to 3.12; PYTHON=python3.11 make test uses another")'
 	VENV=$(VENV) PYTHON=$(PYTHON) bash scripts/setup_test_env.sh
 
 test: venv assemble  ## every test (the README's and CI's command)

@@ -14,7 +14,8 @@ Values are checked alike in every section:
 - ``low`` / ``high`` bound ints and floats (``low_open`` makes the lower bound strict); an
   int key without ``high`` takes ``INT_CEILING``, so no key accepts an integer of any size;
 - ``folder``: a string naming a folder, made absolute at parse time (``~`` expanded, a
-  relative path taken from the working directory); ``""`` passes unchanged;
+  relative path taken from the working directory), under a folder this process can write;
+  ``""`` passes unchanged;
 - ``nullable``: ``null`` is accepted as well (its meaning is in the key's meaning).
 
 A section that has an ``enabled`` key and is given other keys without it is off, as by
@@ -139,7 +140,8 @@ def folder_path(value: str) -> tuple[str, str | None]:
     ``~`` and ``~user`` are expanded and a relative path is taken from the working
     directory now, once: a path that cannot be expanded would otherwise become a folder
     named ``~...`` in whatever directory the server runs in. The nearest part of the path
-    that exists must be a folder, or saving into it fails after the work is done.
+    that exists must be a folder this process can write (a read-only file system is not),
+    or saving into it fails after the work is done, and the work is done again next start.
     """
     if value == "":
         return value, None
@@ -167,6 +169,8 @@ def folder_path(value: str) -> tuple[str, str | None]:
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
         return value, f"{existing} is not a folder: name a folder, or a path under one"
+    if not os.access(existing, os.W_OK | os.X_OK):  # (a read-only file system too)
+        return value, f"{existing} is not writable here (user id {os.getuid()}): name a folder the server can write"
     return path, None
 
 

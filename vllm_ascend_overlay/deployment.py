@@ -3,7 +3,10 @@
 Start-up measurements (CPP's latency profile, dual stream's probes) are cached across
 restarts and keyed by the engine they were measured on: model (its path and a digest of its
 architecture: another model put at the same path is another deployment), dtype, quantisation,
-TP/PP sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN.
+TP/PP sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN, and
+what else changes a forward pass's time: the KV cache dtype, context-parallel sizes, eager or
+graph execution, and vllm-ascend's other ``additional_config`` settings (a digest; CPP's own
+section left out, dual stream's on or off).
 ``fingerprint_for`` reads them from a ``VllmConfig`` without touching the device (the
 engine-core process has none); ``make_fingerprint`` builds one from values (JSON-safe).
 """
@@ -33,9 +36,11 @@ def make_fingerprint(
     device_name: str,
     cann_version: str | None = None,
     architecture: str | None = None,
+    execution: dict | None = None,
 ) -> dict:
     """What a cached profile must match to be reused (JSON-safe values)."""
     return {
+        "execution": json.loads(json.dumps(execution or {}, sort_keys=True, default=str)),
         "model": str(model),
         "dtype": str(dtype),
         "quantization": None if quantization is None else str(quantization),
@@ -89,7 +94,26 @@ def fingerprint_for(vllm_config: Any) -> dict:
         device_name=device_name,
         cann_version=cann_version,
         architecture=_architecture_digest(model_config),
+        execution=_execution(vllm_config),
     )
+
+
+def _execution(vllm_config: Any) -> dict:
+    """What changes a forward pass's time besides the fingerprint's other fields (see the module doc)."""
+    parallel, cache = vllm_config.parallel_config, vllm_config.cache_config
+    additional = getattr(vllm_config, "additional_config", None)
+    additional = dict(additional) if isinstance(additional, dict) else {}
+    additional.pop("profiling_chunk_config", None)  # CPP's settings change no forward pass
+    dual_stream = additional.pop("dual_stream_config", None)
+    settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()
+    return {
+        "kv_cache_dtype": str(getattr(cache, "cache_dtype", "auto")),
+        "prefill_context_parallel_size": int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
+        "decode_context_parallel_size": int(getattr(parallel, "decode_context_parallel_size", 1) or 1),
+        "enforce_eager": bool(getattr(vllm_config.model_config, "enforce_eager", False)),
+        "dual_stream": bool(isinstance(dual_stream, dict) and dual_stream.get("enabled")),
+        "additional_config": hashlib.sha256(settings).hexdigest()[:16],
+    }
 
 
 def _architecture_digest(model_config: Any) -> str | None:

@@ -365,3 +365,20 @@ def test_bad_values_and_an_engine_that_lacks_what_cpp_needs_are_reported_togethe
     with pytest.raises(CppConfigError) as info:
         load({"enabled": False, "min_chunk": 0}, engine(pp=1, chunked=False))
     assert "pipeline" not in str(info.value)
+
+
+def test_a_cache_dir_the_server_cannot_write_is_refused_at_parse_time_naming_the_key(tmp_path, monkeypatch):
+    """A read-only file system (or a folder of another user) passed before: the profile then ran at every
+    start and was never saved, one warning each time naming neither the key nor the fix."""
+    import os
+
+    from vllm_ascend import config_table
+
+    locked = tmp_path / "read-only"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(config_table.os, "access", lambda path, mode: path != str(locked) and real_access(path, mode))
+    for value in (str(locked), str(locked / "cpp")):
+        with pytest.raises(CppConfigError, match=rf"cache_dir='.*': {re.escape(str(locked))} is not writable here"):
+            parse_cpp_config({"enabled": True, "cache_dir": value})
+    assert parse_cpp_config({"enabled": True, "cache_dir": str(tmp_path / "cpp")}).cache_dir == str(tmp_path / "cpp")

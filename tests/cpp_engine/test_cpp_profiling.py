@@ -202,3 +202,35 @@ def test_another_model_put_at_the_same_path_is_another_deployment(tmp_path):
     assert first["model"] == other["model"] == str(tmp_path) and first["architecture"]
     assert first == again
     assert cpp_profile_store.cache_file("/c", first) != cpp_profile_store.cache_file("/c", other)
+
+
+@pytest.mark.parametrize(
+    ("what", "change"),
+    [
+        ("kv cache dtype", lambda c: setattr(c.cache_config, "cache_dtype", "fp8")),
+        ("decode context parallel", lambda c: setattr(c.parallel_config, "decode_context_parallel_size", 2)),
+        ("prefill context parallel", lambda c: setattr(c.parallel_config, "prefill_context_parallel_size", 2)),
+        ("eager or graph", lambda c: setattr(c.model_config, "enforce_eager", not c.model_config.enforce_eager)),
+        ("another vllm-ascend setting", lambda c: c.additional_config.update(enable_shared_expert_dp=True)),
+        ("dual stream on", lambda c: c.additional_config.update(dual_stream_config={"enabled": True})),
+    ],
+)
+def test_what_changes_a_forward_pass_is_another_deployment_and_cpp_settings_are_not(tmp_path, what, change):
+    """These once mapped to the same profile file: a profile measured under one was adopted under another."""
+    config = helpers.make_vllm_config(tmp_path)
+    config.additional_config = {"profiling_chunk_config": {"enabled": True}}
+    base = deployment.fingerprint_for(config)
+    config.additional_config["profiling_chunk_config"] = {"enabled": True, "smooth_factor": 0.5, "cache_dir": "/x"}
+    assert deployment.fingerprint_for(config) == base  # CPP's own settings change no forward pass
+    change(config)
+    changed = deployment.fingerprint_for(config)
+    assert changed != base, what
+    assert cpp_profile_store.cache_file("/c", changed) != cpp_profile_store.cache_file("/c", base)
+
+
+def test_another_profile_schema_is_another_file(tmp_path, monkeypatch):
+    """Two builds of other schemas sharing a folder each refused the other's profile and wrote over it."""
+    fingerprint = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path))
+    now = cpp_profile_store.cache_file("/c", fingerprint)
+    monkeypatch.setattr(cpp_profile_store, "PROFILE_SCHEMA_VERSION", cpp_profile_store.PROFILE_SCHEMA_VERSION + 1)
+    assert cpp_profile_store.cache_file("/c", fingerprint) != now

@@ -160,10 +160,10 @@ def test_a_micro_batching_flag_missing_from_vllm_stops_start_up():
 @pytest.mark.parametrize(
     "setting, named, fix",
     [
-        ({"enable_flashcomm1": True}, "enable_flashcomm1 (flashcomm1", "set it to false"),
+        ({"enable_flashcomm1": True}, "enable_flashcomm1 or VLLM_ASCEND_ENABLE_FLASHCOMM1 (flashcomm1", "set it to false"),
         ({"enable_sp_by_pass": True}, "compilation_config.pass_config.enable_sp", "turn that pass off"),
         ({"enable_matmul_allreduce": True}, "enable_matmul_allreduce", "set it to false"),
-        ({"enable_flashcomm2_parallel_size": 2}, "enable_flashcomm2_parallel_size (flashcomm2)", "set it to 0"),
+        ({"enable_flashcomm2_parallel_size": 2}, "enable_flashcomm2_parallel_size or VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE (flashcomm2)", "set it to 0"),
         (
             {"finegrained_tp_config": SimpleNamespace(mlp_tensor_parallel_size=2, oproj_tensor_parallel_size=0)},
             "finegrained_tp_config.mlp_tensor_parallel_size",
@@ -328,3 +328,32 @@ def test_a_default_cache_folder_that_cannot_be_made_is_refused_when_on(tmp_path,
         validate({"enabled": True})
     assert validate({"enabled": True, "cache_dir": ""}).cache_path is None  # the way out it names
     assert not validate({"enabled": False}).enabled  # off: nothing is kept, nothing to check
+    assert validate({"enabled": True, "length_threshold": 256}).enabled  # a set threshold reads and writes nothing
+
+
+def test_another_model_than_qwen3_dense_warns_once_that_dual_stream_stays_inert(caplog, monkeypatch):
+    """Only Qwen3ForCausalLM is mapped to the dual-stream model; on another it was silently inert."""
+    monkeypatch.setattr(config_module, "_warned_model", False)
+    ascend, vllm_config = deployment({"enabled": True})
+    vllm_config.model_config = SimpleNamespace(enforce_eager=True, architectures=["LlamaForCausalLM"])
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):
+        assert validate_dual_stream_config(ascend, vllm_config).enabled
+        validate_dual_stream_config(ascend, vllm_config)  # AscendConfig built again: no second warning
+        vllm_config.model_config.architectures = ["Qwen3ForCausalLM"]
+        monkeypatch.setattr(config_module, "_warned_model", False)
+        validate_dual_stream_config(ascend, vllm_config)  # Qwen3 dense: nothing to say
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "the model is LlamaForCausalLM" in warnings[0] and "stays inert" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "variable"),
+    [
+        ("enable_flashcomm1", True, "VLLM_ASCEND_ENABLE_FLASHCOMM1"),
+        ("enable_matmul_allreduce", True, "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE"),
+        ("enable_flashcomm2_parallel_size", 2, "VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE"),
+    ],
+)
+def test_a_conflict_an_environment_variable_may_have_set_names_the_variable(flag, value, variable):
+    with pytest.raises(ValueError, match=variable):
+        validate({"enabled": True}, **{flag: value})

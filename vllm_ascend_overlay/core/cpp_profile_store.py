@@ -57,7 +57,10 @@ def _normal(value: Any) -> Any:
 
 
 def cache_file(cache_dir: str, fingerprint: Mapping) -> Path:
-    digest = hashlib.sha256(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]
+    """The file of a deployment's profile; another schema is another file (two builds sharing a folder
+    would otherwise each refuse the other's profile and write over it, profiling at every start)."""
+    key = {"schema_version": PROFILE_SCHEMA_VERSION, "fingerprint": fingerprint}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(cache_dir) / f"cpp-profile-{digest}.json"
 
 

@@ -332,7 +332,10 @@ def initialise_profile(
             save_profile(path, fingerprint=fingerprint, base_chunk_tokens=base_chunk_tokens, samples=kept)
             source += f", saved to {path}"
         except (OSError, ValueError) as error:
-            logger.warning("[CPP] could not save the profile to %s: %s", path, error)
+            logger.warning(
+                "[CPP] could not save the profile to %s: %s; the next start profiles again (set "
+                'profiling_chunk_config.cache_dir to a folder the server can write, or "" to keep none)', path, error,
+            )  # fmt: skip
     return StartUp(verdict, samples, source)
 
 

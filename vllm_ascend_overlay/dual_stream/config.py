@@ -43,6 +43,8 @@ logger = init_logger(__name__)
 CONFIG_KEY = "dual_stream_config"
 _warned_tp1 = False
 _warned_graph = False
+_warned_model = False
+DUAL_STREAM_ARCHITECTURE = "Qwen3ForCausalLM"  # the architecture patch 0300 maps to models/qwen3.py
 
 
 DEFAULT_CACHE_DIR = "~/.cache/vllm_ascend/dual_stream"
@@ -110,15 +112,20 @@ _PER_LAYER_CALL = "dual stream calls each layer once per micro-batch"
 ASCEND_CONFLICTS = (
     (
         "enable_flashcomm1",
-        "enable_flashcomm1 (flashcomm1 / sequence parallelism)",
+        "enable_flashcomm1 or VLLM_ASCEND_ENABLE_FLASHCOMM1 (flashcomm1 / sequence parallelism)",
         _REPLACES_ALL_REDUCE,
         "set it to false",
     ),
     ("enable_sp_by_pass", "compilation_config.pass_config.enable_sp", _REPLACES_ALL_REDUCE, "turn that pass off"),
-    ("enable_matmul_allreduce", "enable_matmul_allreduce", _REPLACES_ALL_REDUCE, "set it to false"),
+    (
+        "enable_matmul_allreduce",
+        "enable_matmul_allreduce or VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE",
+        _REPLACES_ALL_REDUCE,
+        "set it to false",
+    ),
     (
         "enable_flashcomm2_parallel_size",
-        "enable_flashcomm2_parallel_size (flashcomm2)",
+        "enable_flashcomm2_parallel_size or VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE (flashcomm2)",
         _REPLACES_ALL_REDUCE,
         "set it to 0",
     ),
@@ -203,7 +210,7 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     if not config.enabled:
         return config
     problems = []
-    if config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved when parsed
+    if config.measured and config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved when parsed
         _, fault = folder_path(DEFAULT_CACHE_DIR)
         if fault:
             problems.append(
@@ -249,8 +256,16 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
             "dual stream stays inert.",
             CONFIG_KEY,
         )
-    global _warned_graph
+    global _warned_graph, _warned_model
     model_config = getattr(vllm_config, "model_config", None)
+    architectures = list(getattr(model_config, "architectures", None) or [])  # (as vLLM resolved them)
+    if architectures and DUAL_STREAM_ARCHITECTURE not in architectures and not _warned_model:
+        _warned_model = True
+        logger.warning(
+            "[DualStream] %s.enabled is set but the model is %s: dual stream runs %s (Qwen3 dense) only, "
+            "so it stays inert.",
+            CONFIG_KEY, ", ".join(map(str, architectures)), DUAL_STREAM_ARCHITECTURE,
+        )  # fmt: skip
     if getattr(model_config, "enforce_eager", None) is False and not _warned_graph:
         _warned_graph = True
         logger.warning(

@@ -112,5 +112,9 @@ class _Saver:
         try:
             measured_store.save(self.path, key=self.key, probes=probes)
         except OSError as error:
-            logger.warning("[DualStream] could not save the measured gate's probes to %s: %s", self.path, error)
+            logger.warning(
+                "[DualStream] could not save the measured gate's probes to %s: %s; the next start measures them "
+                'again (set dual_stream_config.cache_dir to a folder the server can write, or "" for none)',
+                self.path, error,
+            )  # fmt: skip
             self.path = None

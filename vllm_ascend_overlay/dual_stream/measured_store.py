@@ -66,6 +66,8 @@ def deployment_fingerprint(vllm_config: Any) -> dict:
 
 
 def cache_file(cache_dir: str, key: Mapping) -> Path:
+    """The file of a deployment's probes; another schema is another file (as CPP's profile)."""
+    key = {"schema_version": SCHEMA_VERSION, "fingerprint": key}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return Path(os.path.expanduser(cache_dir)) / f"dual-stream-probes-{digest}.json"
 

@@ -180,21 +180,20 @@ def test_the_cpp_docs_thresholds_are_the_codes():
 def test_the_cpp_docs_step_placing_is_the_codes():
     a, p, d = cpp_acceptance, cpp_profiling, parse_cpp_config({})
     *_, runs = profile_runs(8192, d.profile_points, d.profile_repeats, d.profile_history_points)
-    says("docs/cpp.md", f"{runs} runs after the {p.WARMUP_RUNS} warm-up runs, and up to {p.LOCATE_RUNS} more")
+    says("docs/cpp.md", f"{runs} runs after the {p.WARMUP_RUNS} warm-up runs, and up to")
     says("docs/design-cpp.md", f"to within {a.LOCATE_TOKENS} tokens, the optimum's grid")
     says("docs/design-cpp.md", f"a run within {WORDS[int(p.LOCATE_UNSURE)]} scatters of it is measured once more")
     says("docs/design-cpp.md", f"a run at it and one {a.LOCATE_TOKENS} tokens past it")
     says("docs/design-cpp.md", f"a step when at least {SHARES[a.PAIR_SHARE]} of that segment's growth")
     says("docs/design-cpp.md", f"one token past twice it, {p.PROBE_REPEATS} times each")
-    says(
-        "docs/design-cpp.md",
-        f"All of this takes at most {p.LOCATE_RUNS} runs, so the default profile stays within {runs + p.LOCATE_RUNS}",
-    )
-    reach = p.reach_budget([None] * runs)
-    says("docs/cpp.md", f"and up to {p.REACH_RUNS} more where odd points were kept")
-    says("docs/cpp.md", f"within {runs + p.LOCATE_RUNS} runs, and {runs + p.LOCATE_RUNS + reach} with odd points")
-    says("docs/cpp.md", f"(at most {p.REACH_RUNS} runs, and a quarter of a round's)")
-    says("docs/design-cpp.md", f"At most {p.REACH_RUNS} runs, and a quarter of a round's")
+    after = p.after_rounds_budget([None] * runs)
+    assert runs // p.AFTER_ROUNDS_SHARE == after and runs + after == 218  # the budget at the defaults
+    says("docs/design-cpp.md", f"All of this takes at most {p.LOCATE_RUNS} runs, and")
+    says("docs/design-cpp.md", f"at most {after}, so the default profile stays within {runs + after}")
+    says("docs/cpp.md", f"and up to {after} more in all (a sixteenth of a round's): up to {p.LOCATE_RUNS} to")
+    says("docs/cpp.md", f"profile stays within {runs + after} runs, odd points included")
+    assert max(1, d.profile_repeats // 2) == 1
+    says("docs/cpp.md", "(once, half the repeats, within the")
     says("docs/cpp.md", f"departs from its size's neighbours by more than {cpp_falls.ODD_MIN_FALL:.0%}")
 
 

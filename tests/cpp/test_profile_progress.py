@@ -85,7 +85,7 @@ def test_a_long_profile_logs_a_few_lines_with_the_runs_done_of_planned_and_what_
     assert lines[0] == (
         f"[CPP] start-up profile: {planned} runs over {len(set(plan))} points after "
         f"{cpp_profiling.WARMUP_RUNS} warm-up runs ({planned} more if too noisy to decide, up to "
-        f"{cpp_profiling.LOCATE_RUNS} to measure falls again and place steps)"
+        f"{cpp_profiling.after_rounds_budget(plan)} to measure falls again, place steps and odd points' reach)"
     )
     shown = progress_lines(lines)
     assert 5 <= len(shown) <= 1 / cpp_profiling.PROGRESS_SHARE  # a few, never one a run

@@ -343,7 +343,7 @@ def test_a_small_file_repeating_one_sample_is_refused_by_name_without_reading_ev
     device = Device()
     result = start(tmp_path, device)
     assert len(warnings_logged) == 1 and str(path) in warnings_logged[0], warnings_logged
-    most = 2 * plan_runs() + cpp_profiling.LOCATE_RUNS + cpp_profiling.reach_budget([None] * plan_runs())
+    most = 2 * plan_runs() + cpp_profiling.after_rounds_budget([None] * plan_runs())
     assert f"{MAX_PROFILE_SAMPLES} samples, more than the {most}" in warnings_logged[0]
     assert device.runs > 0 and result.verdict.model is not None and "saved to" in result.source
     assert load_profile(path, fingerprint=fingerprint(), base_chunk_tokens=BASE_CHUNK_TOKENS) == result.samples

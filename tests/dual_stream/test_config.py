@@ -160,10 +160,18 @@ def test_a_micro_batching_flag_missing_from_vllm_stops_start_up():
 @pytest.mark.parametrize(
     "setting, named, fix",
     [
-        ({"enable_flashcomm1": True}, "enable_flashcomm1 or VLLM_ASCEND_ENABLE_FLASHCOMM1 (flashcomm1", "set it to false"),
+        (
+            {"enable_flashcomm1": True},
+            "enable_flashcomm1 or VLLM_ASCEND_ENABLE_FLASHCOMM1 (flashcomm1",
+            "set it to false",
+        ),
         ({"enable_sp_by_pass": True}, "compilation_config.pass_config.enable_sp", "turn that pass off"),
         ({"enable_matmul_allreduce": True}, "enable_matmul_allreduce", "set it to false"),
-        ({"enable_flashcomm2_parallel_size": 2}, "enable_flashcomm2_parallel_size or VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE (flashcomm2)", "set it to 0"),
+        (
+            {"enable_flashcomm2_parallel_size": 2},
+            "enable_flashcomm2_parallel_size or VLLM_ASCEND_FLASHCOMM2_PARALLEL_SIZE (flashcomm2)",
+            "set it to 0",
+        ),
         (
             {"finegrained_tp_config": SimpleNamespace(mlp_tensor_parallel_size=2, oproj_tensor_parallel_size=0)},
             "finegrained_tp_config.mlp_tensor_parallel_size",

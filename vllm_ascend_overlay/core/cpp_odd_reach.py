@@ -10,13 +10,14 @@ plan then runs that size where it is not fast (or avoids it where it is not slow
 So after the rounds, each odd point that departs from its row's trend (the line in log C
 and log t through the nearest sizes either side that are not odd, by more than
 ``ODD_MIN_FALL``) is measured at the middle of the interval towards each neighbouring
-level, ``repeats`` times (``reach_runs``; at most ``REACH_RUNS`` runs, nearest the
-shallowest odd point first). Not in the last interval: beyond the deepest level the
-model continues that interval's slope, which a point between its levels would bend. The
-model keeps each such run's median as a ratio over its levels' line there (``reach``), a
-level between the two that holds the measured size at that ratio and every other size on
-the line (``with_reach`` rows): so an odd point fades where it was measured to, and a
-correction of the table (core/cpp_calibration.py) moves it with its levels.
+level, ``repeats`` times (``reach_runs``; within the runs the profile has left after its
+rounds, core/cpp_profiling.py, nearest the shallowest odd point first). Not in the last
+interval: beyond the deepest level the model continues that interval's slope, which a
+point between its levels would bend. The model keeps each such run's median as a ratio
+over its levels' line there (``reach``), a level between the two that holds the measured
+size at that ratio and every other size on the line (``with_reach`` rows): so an odd point
+fades where it was measured to, and a correction of the table (core/cpp_calibration.py)
+moves it with its levels.
 
 Pure Python: no numpy, no vLLM.
 """
@@ -30,9 +31,7 @@ from collections.abc import Sequence
 from vllm_ascend.core.cpp_falls import ODD_MIN_FALL
 from vllm_ascend.core.cpp_samples import Point
 
-__all__ = ["REACH_RUNS", "reach_of", "reach_runs", "with_reach"]
-
-REACH_RUNS = 48  # runs at most measuring how far odd points reach in history (of small sizes mostly)
+__all__ = ["reach_of", "reach_runs", "with_reach"]
 
 
 def _departs(row: Sequence[float], log_nodes: Sequence[float], odd_nodes: set[int], i: int) -> bool:
@@ -46,7 +45,7 @@ def _departs(row: Sequence[float], log_nodes: Sequence[float], odd_nodes: set[in
     return abs(math.log(row[i] / trend)) > ODD_MIN_FALL
 
 
-def reach_runs(model, repeats: int, budget: int = REACH_RUNS) -> list[tuple[int, int]]:
+def reach_runs(model, repeats: int, budget: int) -> list[tuple[int, int]]:
     """(chunk_tokens, history_tokens) runs between levels around the odd points that depart from their rows'
     trend, ``repeats`` each, within ``budget`` (see the module docstring)."""
     nodes, levels = model.chunk_tokens, model.history_tokens

@@ -36,9 +36,11 @@ S + 1 without history at the first boundary of each candidate tile (64 to 512 to
 ``PROBE_REPEATS`` times each a pass, which tells whether time steps at tile boundaries
 (core/cpp_acceptance.py; the plan is core/cpp_profile_plan.py). For the default base
 chunk of 8192: 17 sizes x 5 lengths, less two at the deepest, + 20 probe runs (each S is on
-the ladder), 2 passes: 206 runs after 2 warm-up runs. After the rounds, up to ``LOCATE_RUNS``
-more runs in all measure falls again and, where the grid shows time jumping between two
-sizes (a step), bisect the segment to place the jump (``locate_runs``): at most 214.
+the ladder), 2 passes: 206 runs after 2 warm-up runs. After the rounds, a sixteenth of a
+round's runs more at most (``after_rounds_budget``; 12 at the defaults: at most 218 in all):
+up to ``LOCATE_RUNS`` measure falls again and, where the grid shows time jumping between
+two sizes (a step), bisect the segment to place the jump (``locate_runs``); what is left
+measures how far odd points reach in history, once each (core/cpp_odd_reach.py).
 
 Any exception (a worker failing, a timeout) ends in one warning naming the cause and
 fixed chunking for the rest of the run; serving goes on.
@@ -62,7 +64,7 @@ from typing import Any
 from vllm_ascend.core.cpp_acceptance import LOCATE_TOKENS, Verdict, flat_side, judge, untried_tile
 from vllm_ascend.core.cpp_chunk_rule import ChunkLimits
 from vllm_ascend.core.cpp_latency_model import LatencyModel
-from vllm_ascend.core.cpp_odd_reach import REACH_RUNS, reach_runs
+from vllm_ascend.core.cpp_odd_reach import reach_runs
 from vllm_ascend.core.cpp_profile_plan import (  # noqa: F401 - the plan's names, as before
     PROBE_REPEATS,
     SMALLEST_LADDER_CHUNK,
@@ -81,9 +83,8 @@ PROFILE_RPC = "profile_prefill_latency"
 WARMUP_RUNS = 2
 PROFILE_RPC_TIMEOUT_S = 300.0
 EXTRA_ROUNDS = 1  # rounds of the same runs added when the profile is too noisy to decide well
-# Runs at most after the rounds, to measure falls again and to place steps' jumps (the default profile
-# stays within 218 runs)
-LOCATE_RUNS = 8
+LOCATE_RUNS = 8  # runs at most after the rounds measuring falls again and placing steps' jumps
+AFTER_ROUNDS_SHARE = 16  # all runs after the rounds: at most this share of a round's (or LOCATE_RUNS)
 LOCATE_UNSURE = 2.0  # a size within this many scatters of a jump's middle is measured once more
 PROGRESS_SHARE = 0.1  # a progress line at most every tenth of the planned runs ...
 PROGRESS_EVERY_S = 10.0  # ... and at most one every 10 s: a profile of a few seconds logs none
@@ -233,16 +234,19 @@ def _no_model(reason: str) -> StartUp:
     return StartUp(Verdict(None, None, False, reason), [], None)
 
 
-def reach_budget(plan: Sequence[tuple[int, int]]) -> int:
-    """Runs at most measuring how far odd points reach in history: ``REACH_RUNS``, and a quarter of a round's."""
-    return min(REACH_RUNS, len(plan) // 4)
+def after_rounds_budget(plan: Sequence[tuple[int, int]]) -> int:
+    """Runs at most after the rounds (falls measured again, steps placed, odd points' reach): a sixteenth
+    of a round's, at least ``LOCATE_RUNS``. A reach run is read against its levels' line, which the rounds
+    measured with every repeat: one run each (half the repeats, at the defaults) places the odd point's
+    end as well as two did on every stress surface's gate, and the default profile stays within 218 runs."""
+    return max(LOCATE_RUNS, len(plan) // AFTER_ROUNDS_SHARE)
 
 
 def fresh_profile_size(plan: Sequence[tuple[int, int]]) -> tuple[int, int]:
     """The most samples a fresh profile of ``plan`` makes, and the most runs of any one point: every round
     (the plan and ``EXTRA_ROUNDS`` more) and every run placing steps (a cached one may hold no more)."""
     rounds = 1 + EXTRA_ROUNDS
-    most = len(plan) * rounds + LOCATE_RUNS + reach_budget(plan)
+    most = len(plan) * rounds + after_rounds_budget(plan)
     return most, max(Counter(plan).values(), default=0) * rounds + LOCATE_RUNS
 
 
@@ -285,8 +289,8 @@ def initialise_profile(
     progress = Progress(len(plan))
     logger.info(
         "[CPP] start-up profile: %d runs over %d points after %d warm-up runs (%d more if too noisy to decide, "
-        "up to %d to measure falls again and place steps)", len(plan), len(set(plan)), WARMUP_RUNS,
-        len(plan) * EXTRA_ROUNDS, LOCATE_RUNS,
+        "up to %d to measure falls again, place steps and odd points' reach)", len(plan), len(set(plan)),
+        WARMUP_RUNS, len(plan) * EXTRA_ROUNDS, after_rounds_budget(plan),
     )  # fmt: skip
     counted = progress.counted(measure)
     budget = LOCATE_RUNS
@@ -315,7 +319,9 @@ def initialise_profile(
         )  # fmt: skip
     try:
         located = locate_runs(counted, verdict.model, config.profile_repeats, budget) if verdict.model else []
-        reach = reach_runs(verdict.model, config.profile_repeats, reach_budget(plan)) if verdict.model else []
+        left = after_rounds_budget(plan) - (LOCATE_RUNS - budget) - len(located)  # (what falls and steps took)
+        repeats = max(1, config.profile_repeats // 2)
+        reach = reach_runs(verdict.model, repeats, left) if verdict.model else []
         located += [(chunk, history, counted(chunk, history)) for chunk, history in reach]
     except Exception as error:  # as above
         return _no_model(f"start-up profiling failed ({type(error).__name__}: {error})")

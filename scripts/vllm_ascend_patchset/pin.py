@@ -80,8 +80,9 @@ class Pin:
         return {**self.wheels, **self.sdist}
 
 
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
+def sha256_of(path: Path, algorithm: str = "sha256") -> str:
+    """A file's hex digest: sha256, or another algorithm an index states a file's hash in."""
+    h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
@@ -136,17 +137,28 @@ class _Anchors(html.parser.HTMLParser):
             self._href = None
 
 
+def _stated_hash(hashes: dict) -> str | None:
+    """The hash an index states for a file: its sha256 (hex), else ``algorithm:hex`` of another that
+    hashlib always has (PEP 503 allows any, as pip checks any), else None."""
+    hashes = {str(k).lower(): str(v).lower() for k, v in hashes.items() if v}
+    if "sha256" in hashes:
+        return hashes["sha256"]
+    other = sorted(set(hashes) & hashlib.algorithms_guaranteed)
+    return f"{other[-1]}:{hashes[other[-1]]}" if other else None
+
+
 def _simple_files(page_url: str, content_type: str, body: bytes) -> dict[str, tuple[str, str | None]]:
-    """File name -> (url, sha256) of a simple-API page: PEP 691 JSON, or the PEP 503 HTML many mirrors serve."""
+    """File name -> (url, stated hash) of a simple-API page: PEP 691 JSON, or the PEP 503 HTML many mirrors serve."""
     if "json" in content_type:
         data = json.loads(body)
-        return {f["filename"]: (f["url"], f.get("hashes", {}).get("sha256")) for f in data["files"]}
+        return {f["filename"]: (f["url"], _stated_hash(f.get("hashes") or {})) for f in data["files"]}
     anchors = _Anchors()
     anchors.feed(body.decode("utf-8"))
     files = {}
     for name, href in anchors.links:
         url, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
-        files[name] = (url, fragment.removeprefix("sha256=").lower() if fragment.startswith("sha256=") else None)
+        algorithm, _, digest = fragment.partition("=")
+        files[name] = (url, _stated_hash({algorithm: digest}))
     return files
 
 
@@ -252,6 +264,15 @@ def fetch(filename: str, sha256: str | None, project: str) -> Path:
                 f"(sha256 {sha256}) into {dest_dir}"
             ) from exc
         actual = sha256_of(part)
+        if index_hash and ":" in index_hash:  # stated in another algorithm: checked in it, as pip does
+            algorithm, _, stated = index_hash.partition(":")
+            if sha256_of(part, algorithm) != stated:
+                raise PinError(
+                    f"{filename}: {algorithm} mismatch: the index states {stated}, the download has "
+                    f"{sha256_of(part, algorithm)}; the download is corrupt or not the listed file (nothing was "
+                    "written to the cache)"
+                )
+            index_hash = None
         expected = sha256 or index_hash
         if expected and actual != expected:
             raise PinError(_mismatch(filename, sha256, index_hash, actual, cached))

@@ -315,3 +315,28 @@ def test_patchset_offline_reads_as_a_switch_and_anything_else_is_an_error(monkey
     monkeypatch.setenv("PATCHSET_OFFLINE", "offline")
     with pytest.raises(pin.PinError, match=r"PATCHSET_OFFLINE='offline': set it to 1"):
         pin.offline()
+
+
+def test_a_hash_the_index_states_in_another_algorithm_is_checked_in_it(cache, monkeypatch):
+    """PEP 503 lets a mirror state md5, sha384 or sha512; pip checks any. A download that does not match it
+    is refused, one that does is kept (its sha256 then computed for pin.json)."""
+    import hashlib
+
+    body = b"a wheel"
+    monkeypatch.setattr(pinmod, "_download", lambda url, part: part.write_bytes(body))
+    page = (
+        f'<a href="/f/good.whl#sha512={hashlib.sha512(body).hexdigest().upper()}">good.whl</a>'
+        f'<a href="/f/bad.whl#md5={hashlib.md5(b"another").hexdigest()}">bad.whl</a>'
+        '<a href="/f/odd.whl#whirlpool=00">odd.whl</a>'
+    ).encode()
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple/")
+    monkeypatch.setattr(
+        pinmod.urllib.request, "urlopen", lambda request, timeout: _Page(request.full_url, "text/html", page)
+    )
+    links = pinmod.index_links("vllm-ascend")
+    assert links["good.whl"][1] == "sha512:" + hashlib.sha512(body).hexdigest()
+    assert links["odd.whl"][1] is None  # an algorithm hashlib may lack: no hash stated, as before
+    assert pinmod.fetch("good.whl", None, "vllm-ascend").read_bytes() == body
+    with pytest.raises(PinError, match="bad.whl: md5 mismatch: the index states"):
+        pinmod.fetch("bad.whl", None, "vllm-ascend")
+    assert not (pinmod.cache_dir() / "downloads" / "bad.whl").exists()

@@ -134,7 +134,7 @@ def setting(
     return dataclasses.field(default=default, metadata={SETTING: spec})
 
 
-def folder_path(value: str) -> tuple[str, str | None]:
+def folder_path(value: str, writable: bool = True) -> tuple[str, str | None]:
     """``(the folder as an absolute path, None)``, or ``(value, what is wrong)``; ``""`` passes unchanged.
 
     ``~`` and ``~user`` are expanded and a relative path is taken from the working
@@ -164,14 +164,25 @@ def folder_path(value: str) -> tuple[str, str | None]:
             "database; set HOME, or give an absolute path"
         )
     path = os.path.abspath(expanded)
-    existing = path
-    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
-        existing = os.path.dirname(existing)
+    existing = _nearest_existing(path)
     if not os.path.isdir(existing):
         return value, f"{existing} is not a folder: name a folder, or a path under one"
-    if not os.access(existing, os.W_OK | os.X_OK):  # (a read-only file system too)
+    if writable and unwritable_part(path):
         return value, f"{existing} is not writable here (user id {os.getuid()}): name a folder the server can write"
     return path, None
+
+
+def _nearest_existing(path: str) -> str:
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def unwritable_part(path: str) -> str | None:
+    """The nearest existing part of ``path`` when this process cannot write there (a read-only file system
+    too), else None."""
+    existing = _nearest_existing(path)
+    return None if os.access(existing, os.W_OK | os.X_OK) else existing
 
 
 def settings(section: type) -> dict[str, tuple[Any, Setting]]:

@@ -5,8 +5,9 @@ restarts and keyed by the engine they were measured on: model (its path and a di
 architecture: another model put at the same path is another deployment), dtype, quantisation,
 TP/PP sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN, and
 what else changes a forward pass's time: the KV cache dtype, context-parallel sizes, eager or
-graph execution, and vllm-ascend's other ``additional_config`` settings (a digest; CPP's own
-section left out, dual stream's on or off).
+graph execution, and vllm-ascend's other settings: its ``additional_config`` (a digest; CPP's own
+section left out, dual stream's on or off) and the ``VLLM_ASCEND_*`` environment variables
+that stand in for its keys (a digest of those set).
 ``fingerprint_for`` reads them from a ``VllmConfig`` without touching the device (the
 engine-core process has none); ``make_fingerprint`` builds one from values (JSON-safe).
 """
@@ -106,6 +107,7 @@ def _execution(vllm_config: Any) -> dict:
     additional.pop("profiling_chunk_config", None)  # CPP's settings change no forward pass
     dual_stream = additional.pop("dual_stream_config", None)
     settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()
+    variables = json.dumps(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_ASCEND_"))).encode()
     return {
         "kv_cache_dtype": str(getattr(cache, "cache_dtype", "auto")),
         "prefill_context_parallel_size": int(getattr(parallel, "prefill_context_parallel_size", 1) or 1),
@@ -113,6 +115,7 @@ def _execution(vllm_config: Any) -> dict:
         "enforce_eager": bool(getattr(vllm_config.model_config, "enforce_eager", False)),
         "dual_stream": bool(isinstance(dual_stream, dict) and dual_stream.get("enabled")),
         "additional_config": hashlib.sha256(settings).hexdigest()[:16],
+        "ascend_environment": hashlib.sha256(variables).hexdigest()[:16],
     }
 
 

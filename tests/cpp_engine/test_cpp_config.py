@@ -382,3 +382,23 @@ def test_a_cache_dir_the_server_cannot_write_is_refused_at_parse_time_naming_the
         with pytest.raises(CppConfigError, match=rf"cache_dir='.*': {re.escape(str(locked))} is not writable here"):
             parse_cpp_config({"enabled": True, "cache_dir": value})
     assert parse_cpp_config({"enabled": True, "cache_dir": str(tmp_path / "cpp")}).cache_dir == str(tmp_path / "cpp")
+
+
+def test_a_default_cache_folder_the_server_cannot_write_keeps_no_profile_with_a_warning(tmp_path, monkeypatch, caplog):
+    """A read-only HOME (a container): CPP on with the defaults serves, profiling at every start, and says so
+    once; a cache_dir the user gave there is refused (above)."""
+    import logging
+    import os
+
+    from vllm_ascend import config_table
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real_access = os.access
+    monkeypatch.setattr(config_table.os, "access", lambda path, mode: path != str(tmp_path) and real_access(path, mode))
+    with caplog.at_level(logging.WARNING):
+        config = load({"enabled": True})
+    assert config.enabled and config.cache_dir == "" and config.cache_path is None
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "the default" in warning and "is not writable here, so no profile is kept" in warning
+    with pytest.raises(CppConfigError, match="is not writable here"):
+        load({"enabled": True, "cache_dir": str(tmp_path / "cpp")})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 
 import helpers
 import numpy as np
@@ -213,10 +214,15 @@ def test_another_model_put_at_the_same_path_is_another_deployment(tmp_path):
         ("eager or graph", lambda c: setattr(c.model_config, "enforce_eager", not c.model_config.enforce_eager)),
         ("another vllm-ascend setting", lambda c: c.additional_config.update(enable_shared_expert_dp=True)),
         ("dual stream on", lambda c: c.additional_config.update(dual_stream_config={"enabled": True})),
+        ("a vllm-ascend variable", lambda c: os.environ.update(VLLM_ASCEND_ENABLE_FLASHCOMM1="1")),
     ],
 )
-def test_what_changes_a_forward_pass_is_another_deployment_and_cpp_settings_are_not(tmp_path, what, change):
+def test_what_changes_a_forward_pass_is_another_deployment_and_cpp_settings_are_not(
+    tmp_path, monkeypatch, what, change
+):
     """These once mapped to the same profile file: a profile measured under one was adopted under another."""
+    monkeypatch.delenv("VLLM_ASCEND_ENABLE_FLASHCOMM1", raising=False)
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_FLASHCOMM1", "0")  # (restored after the test)
     config = helpers.make_vllm_config(tmp_path)
     config.additional_config = {"profiling_chunk_config": {"enabled": True}}
     base = deployment.fingerprint_for(config)

@@ -7,6 +7,7 @@ against what the surface says.
 
 from __future__ import annotations
 
+import collections
 import json
 import random
 import sys
@@ -804,8 +805,15 @@ def test_a_nearly_full_kv_cache_never_stalls_the_prefills(tmp_path, profiled, nu
         wanted[f"r{i}"] = rng.choice([4, 40, 120])
         arrivals.append((step, request(f"r{i}", prompt_tokens, wanted[f"r{i}"], start=1000 * i + 1)))
     generated: dict[str, int] = {}
-    helpers.run_to_completion(scheduler, arrivals, generated=generated, max_steps=2000)
+    unsized = []
+
+    def on_step(scheduler, _output):
+        unsized.append(scheduler._cpp_cuts.unsized)
+        return {}
+
+    helpers.run_to_completion(scheduler, arrivals, generated=generated, max_steps=2000, on_step=on_step)
     assert generated == wanted and scheduler.cpp_policy is not None
+    assert not any(unsized), "no KV blocks for a grant is no cut of vLLM's loop: CPP keeps sizing"
 
 
 def test_a_burst_of_short_prompts_next_to_decodes_is_packed_into_full_batches(tmp_path, profiled):
@@ -910,16 +918,41 @@ def test_the_fixed_fallback_bounds_the_prefills_and_every_decode_rides_on_top(tm
     assert [out.num_scheduled_tokens["long"] for out in with_prompt] == [fixed] * 3
     for out in with_prompt:  # every decode (all still running: 50 tokens each) in the step beside the chunk
         assert sum(rid.startswith("d") for rid in out.num_scheduled_tokens) == 200
+    # As vLLM's batch queue runs it at PP = 8: a decode whose last token is still in the pipeline has none to
+    # schedule, and its share of the budget is not the prompt's (the chunks were up to 456 tokens).
+    for i in range(200):
+        scheduler.add_request(request(f"e{i}", 4, 400, start=100_000 + 10 * i))
+    in_flight, chunks = collections.deque(), []
+    for step in range(80):
+        if step == 40:
+            scheduler.add_request(request("pp", 4000, 400, start=90000))
+        out = scheduler.schedule()
+        in_flight.append(out)
+        chunks.append(out.num_scheduled_tokens.get("pp", 0))
+        if len(in_flight) == 8:
+            oldest = in_flight.popleft()
+            scheduler.update_from_output(oldest, helpers.model_output(scheduler, oldest))
+    assert max(chunks) == fixed and chunks.count(fixed) >= 3
 
 
-@pytest.mark.parametrize("known_at_start_up", [True, False])
-def test_where_the_loop_cuts_prefills_to_whole_blocks_a_long_prompt_still_advances(tmp_path, known_at_start_up):
+@pytest.mark.parametrize(
+    ("known_at_start_up", "target_tpot_ms"),
+    [(True, None), (False, None), (True, 40.0)],
+    ids=["known", "unknown", "paced"],
+)
+def test_where_the_loop_cuts_prefills_to_whole_blocks_a_long_prompt_still_advances(
+    tmp_path, known_at_start_up, target_tpot_ms
+):
     """A hybrid model with prefix caching (mamba_cache_mode "align"): vLLM's loop rounds every prefill chunk
     short of the prompt's last block down to whole blocks, a chunk under one block to nothing. Known at
     start-up, CPP's chunks are whole blocks; if not, a step that advanced no prefill leaves the next one's
-    sizes to vLLM. Either way the prompt finishes beside the decodes (it stalled for good before)."""
+    sizes to vLLM. Either way the prompt finishes beside the decodes (it stalled for good before). Under a
+    TPOT target a step may leave the prompt less than a block: that is no grant, and no step is vLLM's (each
+    such step once went to vLLM, 8-19x over the decodes' bound)."""
     block = 256
     settings = {"enabled": True, "cache_dir": str(tmp_path / "cache"), "profile_points": 16}
+    if target_tpot_ms:
+        settings["target_tpot_ms"] = target_tpot_ms
     scheduler = helpers.make_scheduler(
         ProfilingChunkScheduler, model_dir=tmp_path / "model", num_blocks=400, max_num_batched_tokens=BASE_CHUNK,
         max_num_seqs=16, max_model_len=8192, block_size=block, pipeline_parallel_size=4,
@@ -933,11 +966,18 @@ def test_where_the_loop_cuts_prefills_to_whole_blocks_a_long_prompt_still_advanc
     if known_at_start_up:
         assert scheduler.cpp_rule.limits.granule_tokens % block == 0
     arrivals = [(0, request(f"chat{i}", 40, 300, start=100 * i + 1)) for i in range(6)]
-    outputs = helpers.run_to_completion(scheduler, [*arrivals, (2, request("long", 7000, 2, start=20000))])
+    unsized = []
+
+    def on_step(scheduler, _output):
+        unsized.append(scheduler._cpp_cuts.unsized)
+        return {}
+
+    long = request("long", 7000, 2, start=20000)
+    outputs = helpers.run_to_completion(scheduler, [*arrivals, (2, long)], on_step=on_step, max_steps=3000)
     chunks = prefill_chunks(outputs, "long")
     assert sum(chunks) == 7000 + 1  # (its prompt, then its one decode)
-    if known_at_start_up:  # whole blocks to the prompt's last one, never a step that advanced nothing
-        assert all(c % block == 0 for c in chunks[:-3]) and 0 not in chunks
+    if known_at_start_up:  # whole blocks to the prompt's last one, and no step left to vLLM
+        assert all(c % block == 0 for c in chunks[:-3]) and 0 not in chunks and not any(unsized)
 
 
 def test_under_the_priority_policy_the_allotment_takes_waiting_requests_in_admission_order(tmp_path):

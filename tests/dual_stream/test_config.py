@@ -365,3 +365,18 @@ def test_another_model_than_qwen3_dense_warns_once_that_dual_stream_stays_inert(
 def test_a_conflict_an_environment_variable_may_have_set_names_the_variable(flag, value, variable):
     with pytest.raises(ValueError, match=variable):
         validate({"enabled": True}, **{flag: value})
+
+
+def test_a_default_cache_folder_the_server_cannot_write_keeps_no_probes_with_a_warning(tmp_path, monkeypatch, caplog):
+    import os
+
+    from vllm_ascend import config_table
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    real_access = os.access
+    monkeypatch.setattr(config_table.os, "access", lambda path, mode: path != str(tmp_path) and real_access(path, mode))
+    with caplog.at_level(logging.WARNING, logger="vllm_ascend.dual_stream.config"):
+        config = validate({"enabled": True})
+    assert config.enabled and config.cache_path is None
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("is not writable here, so no probe is kept" in w for w in warnings), warnings

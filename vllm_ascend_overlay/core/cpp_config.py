@@ -15,7 +15,15 @@ import os
 from dataclasses import dataclass, replace
 from typing import Any
 
-from vllm_ascend.config_table import check_section_name, folder_path, parse_section, problem, raise_problems, setting
+from vllm_ascend.config_table import (
+    check_section_name,
+    folder_path,
+    parse_section,
+    problem,
+    raise_problems,
+    setting,
+    unwritable_part,
+)
 from vllm_ascend.core.cpp_chunk_rule import DEFAULT_FLOOR_TOKENS
 from vllm_ascend.log_adapter import get_logger
 
@@ -117,10 +125,16 @@ def parse_cpp_config(raw: Any, *, max_num_batched_tokens: int | None = None) -> 
     if config.cache_dir is None:
         config = replace(config, cache_dir="")
     if config.enabled and config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved by parse_section
-        folder, fault = folder_path(DEFAULT_CACHE_DIR)
+        folder, fault = folder_path(DEFAULT_CACHE_DIR, writable=False)
         if fault:
             fix = f'(the default) {fault}, or "" to keep no profile'
             raise CppConfigError(problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, fix))
+        if unwritable_part(folder):  # (a read-only HOME in a container: CPP runs, every start profiles)
+            logger.warning(
+                '[CPP] %s.cache_dir: the default %s is not writable here, so no profile is kept and every start '
+                'profiles; set cache_dir to a folder the server can write (or "" to say so)', CONFIG_KEY, folder,
+            )  # fmt: skip
+            folder = ""
         config = replace(config, cache_dir=folder)
     # Clamped only when on, as upstream did: off, min_chunk is not read (nor is the engine's budget).
     if config.enabled and max_num_batched_tokens is not None and config.min_chunk > max_num_batched_tokens:

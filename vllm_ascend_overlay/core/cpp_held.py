@@ -13,7 +13,9 @@ see the same thing:
   makes it once a step for the plan and the allotment;
 - ``allotment_candidates``: the running prefills and the first waiting requests as
   (request, history, remaining, waited, started), for ``StepBudget.allot``;
-- ``held_for_plan``: (history, remaining) of what a plan holds, made only when a plan is.
+- ``held_for_plan``: (history, remaining) of what a plan holds, made only when a plan is;
+- ``CutWatch``: prefills granted tokens that vLLM's loop cut to nothing, step after step;
+  ``fixed_chunk_step_tokens``: the broken-profile fallback's token budget for a step.
 
 ``plan_shape`` is what a plan depends on, coarsely, so that a stream of prompts of the
 same sizes does not plan again. Nothing here is called per request of the loop.
@@ -30,8 +32,10 @@ from typing import Any
 from vllm_ascend.core.cpp_planner import PLAN_MAX_PREFILLS
 
 __all__ = [
+    "CutWatch",
     "PrefixHits",
     "allotment_candidates",
+    "fixed_chunk_step_tokens",
     "held_for_plan",
     "plan_shape",
     "prefix_hit_tokens",
@@ -158,3 +162,55 @@ def plan_shape(held: list[tuple[int, int]], decoding: int) -> tuple:
     remaining = [r for _, r in held]
     head_history, head_remaining = held[0]
     return tuple(bucket(v) for v in (head_history, head_remaining, len(held), sum(remaining), max(remaining), decoding))
+
+
+class CutWatch:
+    """Sized steps whose prefills were granted tokens and advanced none, with no KV allocation refused: a
+    rule of vLLM's loop cut the grant to nothing (an image not to be cut, ``disable_chunked_mm_input``).
+    After two in a row, one step leaves the prefills' sizes to vLLM, which would otherwise stall for good.
+    Where the loop cuts every chunk short of a prompt's end to whole blocks (a hybrid model's mamba cache),
+    a grant is cut so here first (``block``), so a part of a block is no grant, and no cut either. A refused
+    allocation (``watch``: the KV cache manager's answer, read as it is given) is KV pressure, not a cut."""
+
+    def __init__(self) -> None:
+        self.block = 1  # the loop's block, where it cuts chunks to whole ones
+        self.granted = 0  # the largest grant of this step
+        self.refused = False  # an allocation of KV blocks was refused in this step
+        self.cut = 0  # such steps in a row
+        self.unsized = False  # this step leaves the prefills' sizes to vLLM
+
+    def watch(self, kv_cache_manager: Any) -> None:
+        """Note each refused allocation of ``kv_cache_manager`` (vLLM's; its method is wrapped, not changed)."""
+        allocate = kv_cache_manager.allocate_slots
+
+        def allocate_slots(*args: Any, **kwargs: Any) -> Any:
+            blocks = allocate(*args, **kwargs)
+            self.refused = self.refused or blocks is None
+            return blocks
+
+        kv_cache_manager.allocate_slots = allocate_slots
+
+    def step_starts(self) -> bool:
+        self.unsized, self.granted, self.refused = self.cut >= 2, 0, False
+        return self.unsized
+
+    def grant(self, tokens: int, remaining_tokens: int) -> int:
+        if 0 < tokens < remaining_tokens:
+            tokens -= tokens % self.block
+        self.granted = max(self.granted, tokens)
+        return tokens
+
+    def step_ends(self, advanced: bool) -> None:
+        self.cut = self.cut + 1 if not advanced and self.granted > 0 and not self.refused else 0
+
+
+def fixed_chunk_step_tokens(scheduler: Any, fixed_tokens: int, token_budget: int) -> int:
+    """The broken-profile fallback's token budget for a step: the fixed chunk for its prefills, and a token
+    (with its speculative ones) for each decode with one to schedule now; a decode whose last token is still
+    in the pipeline gets none, and its share would go to a prefill."""
+    decodes = sum(
+        r.num_computed_tokens >= r.num_prompt_tokens
+        and r.num_tokens_with_spec + r.num_output_placeholders > r.num_computed_tokens
+        for r in scheduler.running
+    )
+    return min(token_budget, fixed_tokens + decodes * (1 + scheduler.num_spec_tokens))

@@ -93,9 +93,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         self._cpp_identity_hooks = {name: getattr(ScheduleHooks, name).__get__(self) for name in hooks}
         self._cpp_identity = False  # the identity hooks are in place (set on the first step not sized)
         self._cpp_stalled = False  # the last sized step advanced no prefill: this one is not allotted
-        self._cpp_granted = False  # a prefill was granted tokens in this step
-        self._cpp_cut = 0  # sized steps in a row whose prefills were granted tokens and none advanced
-        self._cpp_unsized = False  # this step leaves the prefills' sizes to vLLM (after two such)
+        self._cpp_cuts = cpp_held.CutWatch()  # grants vLLM's loop cut to nothing (then one step is vLLM's)
+        self._cpp_cuts.watch(self.kv_cache_manager)  # (no KV blocks for a grant is no cut)
         self.cpp_clock = time.time  # the clock of requests' arrival_time (a simulator sets its own)
         self._cpp_prefix_hits = PrefixHits()  # looked up once a step
         self._cpp_preempted: set = set()  # preempted requests not admitted again (cpp_held.settle_preempted)
@@ -134,7 +133,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         verdict = start_up.verdict
         self.cpp_source, self.cpp_verdict = start_up.source, verdict.reason
         aligned = getattr(self, "need_mamba_block_aligned_split", False)  # the loop cuts chunks to whole blocks
-        granule = math.lcm(verdict.granule_tokens, self.cache_config.block_size if aligned else 1)  # (mamba)
+        self._cpp_cuts.block = self.cache_config.block_size if aligned else 1  # (a hybrid model's mamba cache)
+        granule = math.lcm(verdict.granule_tokens, self._cpp_cuts.block)
         if verdict.model is None:
             fixed = verdict.fixed_chunk_tokens and -(-verdict.fixed_chunk_tokens // granule) * granule
             self.cpp_fixed_chunk_tokens = fixed
@@ -196,8 +196,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
 
     def _step_starts(self, token_budget: int) -> int:
         if self.cpp_fixed_chunk_tokens is not None:  # the prefills' tokens; every decode rides on top
-            decodes = sum(r.num_computed_tokens >= r.num_prompt_tokens for r in self.running)
-            return min(token_budget, self.cpp_fixed_chunk_tokens + decodes * (1 + self.num_spec_tokens))
+            return cpp_held.fixed_chunk_step_tokens(self, self.cpp_fixed_chunk_tokens, token_budget)
         if self.cpp_policy is None:
             return token_budget
         budget = self.cpp_policy.budget
@@ -226,8 +225,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         # After a step that advanced no prefill (no KV blocks for the one allotted), the prefills are sized as
         # vLLM visits them; after two that were granted tokens and advanced none (the loop cut them to nothing:
         # a multimodal input not to be cut), vLLM sizes them, once.
-        self._cpp_unsized, self._cpp_granted = self._cpp_cut >= 2, False
-        if not (self._cpp_stalled or self._cpp_unsized):
+        if not (self._cpp_cuts.step_starts() or self._cpp_stalled):
             self._allot(budget, prefills, token_budget)
         return token_budget
 
@@ -278,26 +276,24 @@ class ProfilingChunkScheduler(BalanceScheduler):
     def cap_running_tokens(self, request: Any, num_new_tokens: int) -> int:
         try:
             budget = self._cpp_step_budget
-            if budget is None or num_new_tokens <= 0 or self._cpp_unsized:
+            if budget is None or num_new_tokens <= 0 or self._cpp_cuts.unsized:
                 return num_new_tokens  # nothing to size (a decode in flight)
             remaining_tokens = request.num_tokens - request.num_computed_tokens
             if remaining_tokens <= 1:
                 return num_new_tokens  # decodes are reserved at step start and never cut
             granted = budget.grant(request.num_computed_tokens, remaining_tokens, num_new_tokens, request.request_id)
-            self._cpp_granted |= granted > 0
-            return granted
+            return self._cpp_cuts.grant(granted, remaining_tokens)
         except Exception as error:
             self._cpp_fault("sizing a running request", error)
             return num_new_tokens
 
     def cap_waiting_tokens(self, request: Any, history_tokens: int, num_new_tokens: int) -> int:
         try:
-            if self.cpp_policy is None or self._cpp_unsized:  # (a waiting request makes the step a sized one)
+            if self.cpp_policy is None or self._cpp_cuts.unsized:  # (a waiting request makes the step a sized one)
                 return num_new_tokens
             left = request.num_tokens - history_tokens
             admitted = self.cpp_policy.budget.admit(history_tokens, left, num_new_tokens, request.request_id)
-            self._cpp_granted |= admitted > 0
-            return admitted
+            return self._cpp_cuts.grant(admitted, left)
         except Exception as error:
             self._cpp_fault("sizing a waiting request", error)
             return num_new_tokens
@@ -345,7 +341,7 @@ class ProfilingChunkScheduler(BalanceScheduler):
         if len(budget.individually) + len(budget.reserved or ()) != len(scheduled):
             self.cpp_running.stale = True  # a request went out uncharged (not reserved): read them all again
         self._cpp_stalled = not budget.prefill_tokens  # it held or could admit a prefill, and advanced none
-        self._cpp_cut = self._cpp_cut + 1 if self._cpp_stalled and self._cpp_granted else 0
+        self._cpp_cuts.step_ends(not self._cpp_stalled)
         self.cpp_running.after_step(self, scheduler_output, budget)
         if budget.any_charged:
             config = self.cpp_config

@@ -30,11 +30,19 @@ combines with CPP (``profiling_chunk_config``), which sizes the chunks every sta
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm.logger import init_logger
-from vllm_ascend.config_table import check_section_name, folder_path, parse_section, problem, raise_problems, setting
+from vllm_ascend.config_table import (
+    check_section_name,
+    folder_path,
+    parse_section,
+    problem,
+    raise_problems,
+    setting,
+    unwritable_part,
+)
 from vllm_ascend.dual_stream.measured import MEASURE_FLOOR
 from vllm_ascend.dual_stream.split import SPLIT_STRATEGIES
 
@@ -211,11 +219,18 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
         return config
     problems = []
     if config.measured and config.cache_dir == DEFAULT_CACHE_DIR:  # a given folder is resolved when parsed
-        _, fault = folder_path(DEFAULT_CACHE_DIR)
+        folder, fault = folder_path(DEFAULT_CACHE_DIR, writable=False)
         if fault:
             problems.append(
                 problem(CONFIG_KEY, "cache_dir", DEFAULT_CACHE_DIR, f'(the default) {fault}, or "" for none')
             )
+        elif unwritable_part(folder):  # (a read-only HOME in a container: measured again at every start)
+            logger.warning(
+                '[DualStream] %s.cache_dir: the default %s is not writable here, so no probe is kept and every '
+                'start measures again; set cache_dir to a folder the server can write (or "" to say so)',
+                CONFIG_KEY, folder,
+            )  # fmt: skip
+            config = replace(config, cache_dir="")
     parallel = vllm_config.parallel_config
     if _read_flag(parallel, "enable_dbo") or _read_flag(parallel, "ubatch_size") > 1:
         problems.append(

@@ -308,4 +308,6 @@ def test_keys_given_without_enabled_leave_the_feature_off_with_one_warning(name,
     assert not off.enabled
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1, warnings
-    assert warnings[0].startswith(f'{key} sets {other} but not "enabled"') and '"enabled": true' in warnings[0]
+    assert (
+        warnings[0].startswith(f'[PatchSet] {key} sets {other} but not "enabled"') and '"enabled": true' in warnings[0]
+    )

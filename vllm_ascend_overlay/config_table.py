@@ -295,7 +295,7 @@ def parse_section(
     if raw and "enabled" in table and "enabled" not in raw and key not in _WARNED_OFF:
         _WARNED_OFF.add(key)  # (once per process: the engine parses its config more than once)
         logger.warning(
-            '%s sets %s but not "enabled", which is false by default: the feature stays off. '
+            '[PatchSet] %s sets %s but not "enabled", which is false by default: the feature stays off. '
             'Add "enabled": true to turn it on.', key, ", ".join(sorted(raw)),
         )  # fmt: skip
     for name, (_default, spec) in table.items():

@@ -106,7 +106,10 @@ def _execution(vllm_config: Any) -> dict:
     additional = dict(additional) if isinstance(additional, dict) else {}
     additional.pop("profiling_chunk_config", None)  # CPP's settings change no forward pass
     dual_stream = additional.pop("dual_stream_config", None)
-    settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()
+    try:
+        settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()
+    except (TypeError, ValueError):  # (keys of mixed types, a cycle: still one digest per configuration)
+        settings = repr(sorted(repr(item) for item in additional.items())).encode()
     variables = json.dumps(sorted((k, v) for k, v in os.environ.items() if k.startswith("VLLM_ASCEND_"))).encode()
     return {
         "kv_cache_dtype": str(getattr(cache, "cache_dtype", "auto")),

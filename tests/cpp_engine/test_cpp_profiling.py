@@ -240,3 +240,9 @@ def test_another_profile_schema_is_another_file(tmp_path, monkeypatch):
     now = cpp_profile_store.cache_file("/c", fingerprint)
     monkeypatch.setattr(cpp_profile_store, "PROFILE_SCHEMA_VERSION", cpp_profile_store.PROFILE_SCHEMA_VERSION + 1)
     assert cpp_profile_store.cache_file("/c", fingerprint) != now
+
+
+def test_an_additional_config_json_cannot_sort_still_has_a_fingerprint(tmp_path):
+    config = helpers.make_vllm_config(tmp_path)
+    config.additional_config = {"a": 1, 2: "b"}  # keys of mixed types: json.dumps(sort_keys=True) raises
+    assert deployment.fingerprint_for(config) == deployment.fingerprint_for(config)

@@ -167,7 +167,7 @@ def folder_path(value: str, writable: bool = True) -> tuple[str, str | None]:
     existing = _nearest_existing(path)
     if not os.path.isdir(existing):
         return value, f"{existing} is not a folder: name a folder, or a path under one"
-    if writable and unwritable_part(path):
+    if writable and not os.access(existing, os.W_OK | os.X_OK):  # (a read-only file system too)
         return value, f"{existing} is not writable here (user id {os.getuid()}): name a folder the server can write"
     return path, None
 

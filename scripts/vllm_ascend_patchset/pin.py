@@ -80,8 +80,12 @@ class Pin:
         return {**self.wheels, **self.sdist}
 
 
-def sha256_of(path: Path, algorithm: str = "sha256") -> str:
-    """A file's hex digest: sha256, or another algorithm an index states a file's hash in."""
+def sha256_of(path: Path) -> str:
+    return file_digest(path, "sha256")
+
+
+def file_digest(path: Path, algorithm: str) -> str:
+    """A file's hex digest in ``algorithm`` (sha256, or another an index states a file's hash in)."""
     h = hashlib.new(algorithm)
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -266,11 +270,10 @@ def fetch(filename: str, sha256: str | None, project: str) -> Path:
         actual = sha256_of(part)
         if index_hash and ":" in index_hash:  # stated in another algorithm: checked in it, as pip does
             algorithm, _, stated = index_hash.partition(":")
-            if sha256_of(part, algorithm) != stated:
+            if (got := file_digest(part, algorithm)) != stated:
                 raise PinError(
-                    f"{filename}: {algorithm} mismatch: the index states {stated}, the download has "
-                    f"{sha256_of(part, algorithm)}; the download is corrupt or not the listed file (nothing was "
-                    "written to the cache)"
+                    f"{filename}: {algorithm} mismatch: the index states {stated}, the download has {got}; "
+                    "the download is corrupt or not the listed file (nothing was written to the cache)"
                 )
             index_hash = None
         expected = sha256 or index_hash

@@ -225,7 +225,8 @@ class ProfilingChunkScheduler(BalanceScheduler):
         # After a step that advanced no prefill (no KV blocks for the one allotted), the prefills are sized as
         # vLLM visits them; after two that were granted tokens and advanced none (the loop cut them to nothing:
         # a multimodal input not to be cut), vLLM sizes them, once.
-        if not (self._cpp_cuts.step_starts() or self._cpp_stalled):
+        unsized = self._cpp_cuts.step_starts()
+        if not (unsized or self._cpp_stalled):
             self._allot(budget, prefills, token_budget)
         return token_budget
 

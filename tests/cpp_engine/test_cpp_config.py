@@ -236,6 +236,27 @@ def test_ascend_config_runs_the_check(tmp_path):
     assert not AscendConfig(vllm_config).profiling_chunk_config.enabled
 
 
+def test_ascend_config_refuses_both_sections_in_one_error_so_one_restart_fixes_them(tmp_path):
+    """The 0102 patch: CPP is checked mid-way, dual stream at the end; both wrong, one error names both."""
+    import helpers
+
+    helpers.import_vllm()
+    from vllm_ascend.ascend_config import AscendConfig
+
+    both = {"profiling_chunk_config": {"enabled": True}, "dual_stream_config": {"enabled": True, "splt": 1}}
+    with pytest.raises(CppConfigError) as error:
+        AscendConfig(helpers.make_vllm_config(tmp_path, additional_config=both))
+    assert "pipeline_parallel_size=1" in str(error.value)
+    assert "dual_stream_config.splt=1: not a known key" in str(error.value)
+    only_dual = {"dual_stream_config": {"enabled": True, "splt": 1}}
+    with pytest.raises(ValueError, match="dual_stream_config.splt=1") as error:
+        AscendConfig(helpers.make_vllm_config(tmp_path, additional_config=only_dual))
+    assert "profiling_chunk_config" not in str(error.value)
+    # The gathering ends with AscendConfig: a section checked on its own afterwards raises at once.
+    with pytest.raises(CppConfigError, match="pipeline_parallel_size=1"):
+        load({"enabled": True}, engine(pp=1))
+
+
 def _no_such_user() -> str:
     import pwd
 

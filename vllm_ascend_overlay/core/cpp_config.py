@@ -21,6 +21,7 @@ from vllm_ascend.config_table import (
     parse_section,
     problem,
     raise_problems,
+    refuse,
     setting,
     unwritable_part,
 )
@@ -179,7 +180,19 @@ def _setup_problems(vllm_config: Any, balance_scheduling: bool) -> list[str]:
 
 
 def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, balance_scheduling: bool) -> CppConfig:
-    """AscendConfig's hook: parse and check ``additional_config["profiling_chunk_config"]``."""
+    """AscendConfig's hook: parse and check ``additional_config["profiling_chunk_config"]``.
+
+    Refused, CPP is off (the defaults) until AscendConfig's end raises its problems with every
+    other section's (``config_table.refuse``).
+    """
+    try:
+        return _checked_config(additional_config, vllm_config, balance_scheduling)
+    except CppConfigError as error:
+        refuse(error)
+        return CppConfig()
+
+
+def _checked_config(additional_config: dict, vllm_config: Any, balance_scheduling: bool) -> CppConfig:
     check_section_name(additional_config, CONFIG_KEY, CppConfigError)
     raw = (additional_config or {}).get(CONFIG_KEY)
     try:

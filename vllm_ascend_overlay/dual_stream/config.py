@@ -40,6 +40,7 @@ from vllm_ascend.config_table import (
     parse_section,
     problem,
     raise_problems,
+    refuse,
     setting,
     unwritable_part,
 )
@@ -208,8 +209,17 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     """Parse ``additional_config["dual_stream_config"]`` and check it against the deployment.
 
     Called at the end of ``AscendConfig.__init__``, when every other feature flag is known.
-    Every problem is reported at once.
+    Every problem is reported at once; refused, dual stream is off (the defaults) until
+    AscendConfig's end raises its problems with every other section's (``config_table.refuse``).
     """
+    try:
+        return _validated(ascend_config, vllm_config)
+    except ValueError as error:
+        refuse(error)
+        return DualStreamConfig()
+
+
+def _validated(ascend_config: Any, vllm_config: Any) -> DualStreamConfig:
     additional = getattr(vllm_config, "additional_config", None)
     if not isinstance(additional, dict):  # None, or a stand-in config object in other features' tests
         additional = {}

@@ -316,20 +316,22 @@ def test_keys_given_without_enabled_leave_the_feature_off_with_one_warning(name,
 def test_a_section_refused_outside_a_gathering_raises_at_once():
     with pytest.raises(CppConfigError, match="first"):
         config_table.refuse(CppConfigError("first"))
-    config_table.raise_section_problems()  # nothing gathered: nothing to raise
 
 
-def test_a_gathering_raises_every_refused_section_once_and_a_new_one_forgets_an_unfinished_one():
-    config_table.gather_section_problems()
-    config_table.refuse(CppConfigError("a: one"))  # kept, not raised
-    config_table.refuse(ValueError("b: two"))
-    with pytest.raises(CppConfigError) as error:
-        config_table.raise_section_problems()
+def test_a_gathering_raises_every_refused_section_once_in_the_first_ones_type():
+    with pytest.raises(CppConfigError) as error, config_table.sections_refused_together():
+        config_table.refuse(CppConfigError("a: one"))  # kept, not raised
+        config_table.refuse(ValueError("b: two"))
     assert str(error.value) == "a: one\nb: two"
-    config_table.raise_section_problems()  # the gathering is over: raised once only
-    config_table.gather_section_problems()
-    config_table.refuse(ValueError("left by a start-up that failed elsewhere"))
-    config_table.gather_section_problems()  # the next start-up begins afresh
-    config_table.raise_section_problems()
+    with config_table.sections_refused_together():
+        pass  # nothing refused: nothing raised
     with pytest.raises(ValueError, match="alone"):
-        config_table.refuse(ValueError("alone"))
+        config_table.refuse(ValueError("alone"))  # the gathering is over
+
+
+def test_an_error_of_the_build_itself_propagates_and_ends_the_gathering():
+    with pytest.raises(KeyError), config_table.sections_refused_together():
+        config_table.refuse(ValueError("kept"))
+        raise KeyError("upstream's own check")
+    with pytest.raises(ValueError, match="at once"):
+        config_table.refuse(ValueError("at once"))

@@ -29,14 +29,15 @@ would not read as written (invisible characters, white space around it, too long
 quoted with those characters escaped, naming the known key it is without them.
 
 Every section is checked in ``AscendConfig.__init__``, each where its flags are known. So
-that one restart fixes them all, its hooks open and close a gathering
-(``gather_section_problems``, ``raise_section_problems``): a section refused meanwhile
-(``refuse``) is kept, and the last hook raises every section's problems in one error.
-Outside a gathering, ``refuse`` raises at once.
+that one restart fixes them all, the engine builds its AscendConfig within
+``sections_refused_together``: a section refused meanwhile (``refuse``) is kept, and every
+section's problems are raised in one error when the AscendConfig is built. Outside it,
+``refuse`` raises at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -45,6 +46,7 @@ import os
 import reprlib
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -59,7 +61,7 @@ _LARGEST_FLOAT = sys.float_info.max
 # The upper bound of an int key that declares none: every count the engine keeps (tokens, steps,
 # requests) fits a signed 32-bit integer, so a value past it is a slip, never a setting.
 INT_CEILING = 2**31 - 1
-_gathering = threading.local()  # .errors: the sections refused since AscendConfig's start, or None
+_gathering = threading.local()  # .errors: the sections refused within sections_refused_together, or None
 
 
 @dataclass(frozen=True)
@@ -257,26 +259,29 @@ def raise_problems(key: str, problems: list[str], error: type[Exception] = Value
     raise error(text + (f"\n{footer}" if footer else ""))
 
 
-def gather_section_problems() -> None:
-    """AscendConfig's hook at its start: sections refused from here on are raised together at its end."""
-    _gathering.errors = []
-
-
-def refuse(error: Exception) -> None:
-    """Raise a section's error; while AscendConfig gathers (see the module doc), keep it for its end."""
-    errors = getattr(_gathering, "errors", None)
-    if errors is None:
-        raise error
-    errors.append(error)
-
-
-def raise_section_problems() -> None:
-    """AscendConfig's hook at its end: every section refused since its start, in one error of the first's type."""
-    errors, _gathering.errors = getattr(_gathering, "errors", None) or [], None
+@contextlib.contextmanager
+def sections_refused_together() -> Iterator[None]:
+    """Around the engine's AscendConfig: the sections refused within are raised together at its end,
+    in one error of the first's type (an error of the body itself propagates as it is)."""
+    outer = getattr(_gathering, "errors", None)
+    errors: list[Exception] = []
+    _gathering.errors = errors
+    try:
+        yield
+    finally:
+        _gathering.errors = outer
     if len(errors) == 1:
         raise errors[0]
     if errors:
         raise type(errors[0])("\n".join(str(error) for error in errors))
+
+
+def refuse(error: Exception) -> None:
+    """Raise a section's error; within ``sections_refused_together``, keep it for its end."""
+    errors = getattr(_gathering, "errors", None)
+    if errors is None:
+        raise error
+    errors.append(error)
 
 
 def check_section_name(additional_config: Any, key: str, error: type[Exception] = ValueError) -> None:

@@ -241,18 +241,18 @@ def test_ascend_config_refuses_both_sections_in_one_error_so_one_restart_fixes_t
     import helpers
 
     helpers.import_vllm()
-    from vllm_ascend.ascend_config import AscendConfig
+    from vllm_ascend.ascend_config import init_ascend_config
 
     both = {"profiling_chunk_config": {"enabled": True}, "dual_stream_config": {"enabled": True, "splt": 1}}
     with pytest.raises(CppConfigError) as error:
-        AscendConfig(helpers.make_vllm_config(tmp_path, additional_config=both))
+        init_ascend_config(helpers.make_vllm_config(tmp_path, additional_config=both))
     assert "pipeline_parallel_size=1" in str(error.value)
     assert "dual_stream_config.splt=1: not a known key" in str(error.value)
     only_dual = {"dual_stream_config": {"enabled": True, "splt": 1}}
     with pytest.raises(ValueError, match="dual_stream_config.splt=1") as error:
-        AscendConfig(helpers.make_vllm_config(tmp_path, additional_config=only_dual))
+        init_ascend_config(helpers.make_vllm_config(tmp_path, additional_config=only_dual))
     assert "profiling_chunk_config" not in str(error.value)
-    # The gathering ends with AscendConfig: a section checked on its own afterwards raises at once.
+    # The gathering ends with the build: a section checked on its own afterwards raises at once.
     with pytest.raises(CppConfigError, match="pipeline_parallel_size=1"):
         load({"enabled": True}, engine(pp=1))
 

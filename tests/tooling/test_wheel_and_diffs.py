@@ -167,7 +167,7 @@ def test_a_series_works_on_the_series_order_says_it_needs_alone(assembly, tmp_pa
     with git am and imports at every commit, and leaves its files as the assembly has them."""
     written = write_diffs(assembly, tmp_path / "upstream")
     order, needs = _order(tmp_path / "upstream")
-    assert needs["dual-stream"] == {"build"} and needs["hooks"] == set() and needs["cpp"] == {"build", "hooks"}
+    assert needs["dual-stream"] == {"build"} and needs["hooks"] == {"build"} and needs["cpp"] == {"build", "hooks"}
     for feature in order:
         alone = [f for f in order if f in needs[feature] or f == feature]
         if alone == order[: order.index(feature) + 1]:

@@ -182,8 +182,8 @@ def _setup_problems(vllm_config: Any, balance_scheduling: bool) -> list[str]:
 def load_profiling_chunk_config(additional_config: dict, vllm_config: Any, *, balance_scheduling: bool) -> CppConfig:
     """AscendConfig's hook: parse and check ``additional_config["profiling_chunk_config"]``.
 
-    Refused, CPP is off (the defaults) until AscendConfig's end raises its problems with every
-    other section's (``config_table.refuse``).
+    Refused while the engine builds its AscendConfig, CPP is off (the defaults) until the build
+    ends and raises its problems with every other section's (``config_table.refuse``).
     """
     try:
         return _checked_config(additional_config, vllm_config, balance_scheduling)

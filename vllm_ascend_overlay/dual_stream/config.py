@@ -209,8 +209,9 @@ def validate_dual_stream_config(ascend_config: Any, vllm_config: Any) -> DualStr
     """Parse ``additional_config["dual_stream_config"]`` and check it against the deployment.
 
     Called at the end of ``AscendConfig.__init__``, when every other feature flag is known.
-    Every problem is reported at once; refused, dual stream is off (the defaults) until
-    AscendConfig's end raises its problems with every other section's (``config_table.refuse``).
+    Every problem is reported at once; refused while the engine builds its AscendConfig, dual
+    stream is off (the defaults) until the build ends and raises its problems with every other
+    section's (``config_table.refuse``).
     """
     try:
         return _validated(ascend_config, vllm_config)

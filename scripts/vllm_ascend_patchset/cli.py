@@ -98,7 +98,8 @@ def cmd_port(args: argparse.Namespace) -> int:
     from .targets import load_target
     from .trees import pristine_root
 
-    check_report_path(args.report)  # before anything is written: the checkout's changes would refuse a rerun
+    # before anything is written: the checkout's changes would refuse a rerun
+    check_report_path(args.report, Path(args.upstream_src))
     pin = Pin.load()
     pristine = pristine_root(_target(args)) / PACKAGE
     target = load_target(args.target) if args.target else None

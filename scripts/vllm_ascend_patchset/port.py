@@ -33,7 +33,7 @@ from .checkout_files import path_problems, write_text
 from .contracts import ASCEND_CONFIG, ATTENTION_V1, ContractResult, config_contract, metadata_contract
 from .paths import BUILD_DIR, OVERLAY_DIR, PACKAGE
 from .port_overlay import overlay_result
-from .port_report import PortReport
+from .port_report import HEADING, PortReport
 from .porter import Porter, read_lines
 from .series import OverlayFile, Patch
 from .targets import Step, UpstreamTarget
@@ -203,19 +203,30 @@ def answered_contracts(results: list[ContractResult], target: UpstreamTarget) ->
     return out
 
 
-def _report_problem(path: Path) -> str | None:
-    """Why the report cannot be written at ``path`` (made with its folders), or None."""
+def _report_problem(path: Path, upstream: Path | None = None) -> str | None:
+    """Why the report cannot be written at ``path`` (made with its folders), or None. It must lie outside the
+    checkout ``upstream`` (the port writes there, and git shows the checkout's own files), and an existing file
+    is written over only when it is empty or a report this tool wrote (its first line starts with ``HEADING``)."""
     path = Path(os.path.realpath(path))  # a link is written through: check where it leads
+    if upstream is not None and path.is_relative_to(top := Path(os.path.realpath(upstream))):
+        return f"is inside the checkout being ported ({top}); give a path outside it, e.g. --report {REPORT_DIR}/x.txt"
     if path.is_dir():
         return f"is a folder; give a file in it, e.g. --report {path / 'port-report.txt'}"
     if path.exists():
         if not path.is_file():
             return "is not a regular file; give the path of a file (new or a report to overwrite)"
         try:
-            with open(path, "a"):  # opening for append changes nothing
+            with open(path, "rb") as handle:  # opening to read changes nothing
+                first = handle.read(len(HEADING.encode()))
+            with open(path, "a"):  # nor does opening for append
                 pass
         except OSError as error:
             return f"cannot be written ({error.strerror}); give a writable path"
+        if first and first != HEADING.encode():
+            return (
+                f"is a file that is not a port report (its first line does not start with '{HEADING.strip()}'), "
+                "and the report would replace it; give a new path, or move that file away"
+            )
         return None
     folder = path.parent
     while not folder.exists():
@@ -231,12 +242,12 @@ def _report_problem(path: Path) -> str | None:
     return None
 
 
-def check_report_path(path: Path | None) -> None:
-    """Refuse a report path that cannot be written before the port writes anything (``port`` would have written
-    the checkout first, then failed, and a rerun is refused for the changes it made). The default path's name
-    comes from the checkout, so its folder is what is checked."""
+def check_report_path(path: Path | None, upstream: Path | None = None) -> None:
+    """Refuse a report path that cannot be written, or must not be, before the port writes anything (``port``
+    would have written the checkout first, then failed, and a rerun is refused for the changes it made). The
+    default path's name comes from the checkout, so its folder is what is checked."""
     shown = f"--report {path}" if path is not None else f"the report folder {REPORT_DIR}"
-    problem = _report_problem(path if path is not None else REPORT_DIR / "report.txt")
+    problem = _report_problem(path if path is not None else REPORT_DIR / "report.txt", upstream)
     if problem is not None:
         raise PortError(f"{shown}: {problem}; nothing was ported")
 

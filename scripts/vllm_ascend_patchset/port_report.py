@@ -16,6 +16,7 @@ from .port_overlay import NEW, OverlayResult
 from .series import Patch
 
 APPLIES, MERGED, REFRESHED, ALREADY, CONFLICT = "applies", "merged", "refreshed", "already there", "conflict"
+HEADING = "Port of the patch set to "  # a report's first line starts so: only such a file is written over
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ class PortReport:
 
     def render(self, full: bool = True) -> str:
         out = [
-            f"Port of the patch set to {self.upstream} at {self.describe} ({self.commit})",
+            f"{HEADING}{self.upstream} at {self.describe} ({self.commit})",
             f"Merge base: {self.base}",
             "",
             "Patches",

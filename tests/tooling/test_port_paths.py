@@ -257,6 +257,38 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_checkout_is_
     assert report.read_text().startswith("Port of the patch set to")
 
 
+def test_a_report_path_in_the_checkout_or_over_a_file_not_a_report_is_refused_and_the_file_kept(
+    tmp_path, pristine, capsys
+):
+    """The report used to replace any file: one the port had just patched, or uncommitted work in the checkout
+    (even with --dry-run, which writes nothing there), or a file of the user's elsewhere."""
+    repo = _repo(tmp_path, pristine)
+    patched = repo / load_patches()[0].files[0]
+    notes = repo / "NOTES.md"
+    notes.write_text("uncommitted work\n")
+    mine = tmp_path / "mine.txt"
+    mine.write_text("a file of the user's\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(patched)
+    kept = {path: path.read_bytes() for path in (patched, notes, mine)}
+    inside = "is inside the checkout being ported"
+    bad = {patched: inside, notes: inside, link: inside, mine: "is a file that is not a port report"}
+    for where, why in bad.items():
+        for dry_run in ([], ["--dry-run"]):
+            assert cli.main(["port", str(repo), *dry_run, "--report", str(where)]) == 2
+            captured = capsys.readouterr()
+            assert f"error: --report {where}: {why}" in captured.err and "nothing was ported" in captured.err
+            assert "Traceback" not in captured.err and captured.out == ""
+            assert status(repo) == {"NOTES.md"}, "nothing written to the checkout"
+    assert {path: path.read_bytes() for path in kept} == kept
+    empty, earlier = tmp_path / "empty.txt", tmp_path / "earlier.txt"
+    empty.touch()  # as mktemp makes it: nothing to lose
+    earlier.write_text("Port of the patch set to an earlier checkout\n")
+    for report in (empty, earlier):
+        assert cli.main(["port", str(repo), "--dry-run", "--report", str(report)]) == 0, capsys.readouterr().err
+        assert report.read_text().startswith(f"Port of the patch set to {repo}")
+
+
 def test_the_default_report_folder_is_checked_and_a_late_write_failure_is_an_error_not_a_traceback(
     tmp_path, pristine, monkeypatch
 ):

@@ -87,7 +87,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.max_model_len = args.input_len + args.output_len + 64
     if args.max_model_len < args.input_len + args.output_len:
         parser.error("--max-model-len must hold --input-len + --output-len")
+    check_cpp_config(parser, args)
     return args
+
+
+def check_cpp_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The CPP server's section through the server's own parser, so a key it refuses stops the script here, not
+    when the CPP server starts after the whole fixed-chunk run."""
+    module = serve_ab.patchset_module("core.cpp_config", "--cpp-config and --cpp-cache-dir")
+    if module is None:
+        return
+    section = additional_config(args, "cpp")["profiling_chunk_config"]
+    try:
+        module.parse_cpp_config(section, max_num_batched_tokens=args.max_num_batched_tokens)
+    except ValueError as error:
+        given = args.cpp_cache_dir is not None and f"{module.CONFIG_KEY}.cache_dir=" in str(error)
+        flag = f"--cpp-cache-dir {args.cpp_cache_dir}" if given else f"--cpp-config {args.cpp_config}"
+        parser.error(f"{flag}: the CPP server would refuse it at its start:\n{error}")
 
 
 def additional_config(args: argparse.Namespace, variant: str) -> dict:

@@ -39,6 +39,11 @@ METRICS = (
     ("P99 TPOT (ms)", "p99_tpot_ms"),
 )
 STRATEGIES = ("half_batch", "token_balanced")
+BUDGET_FLAG = "--max-num-batched-tokens"  # vllm serve's; a --serve-arg gives it
+CONFIG_FLAGS = {
+    key: f"--{key.replace('_', '-')}" for key in ("split_strategy", "balance_threshold", "length_threshold")
+}
+SMALLEST_DEFAULT_BUDGET = 2048  # vllm serve's default budget on devices under 70 GiB (8192 above)
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,55 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.length_threshold is not None:
         serve_ab.within(parser, "--length-threshold", args.length_threshold, 1, serve_ab.MAX_TOKENS)
     serve_ab.check_serving_args(parser, args)
+    check_dual_stream_config(parser, args)
     return args
+
+
+def serve_budget(args: argparse.Namespace) -> int | None:
+    """The ``--max-num-batched-tokens`` a ``--serve-arg`` gives the servers (the last one, as vLLM reads it), or
+    None when none does (vLLM's default then, which depends on the device) or it is not a plain number."""
+    words = serve_ab.split_serve_args(args.serve_arg)
+    value = None
+    for i, word in enumerate(words):
+        if word == BUDGET_FLAG and i + 1 < len(words):
+            value = words[i + 1]
+        elif word.startswith(f"{BUDGET_FLAG}="):
+            value = word.partition("=")[2]
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def check_dual_stream_config(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The dual-stream server's section through the server's own parser, and against the batch budget as the
+    server checks it, so what it refuses stops the script here, not after the whole single-stream run."""
+    budget = serve_budget(args)
+    if args.length_threshold is not None and budget is not None and 2 * args.length_threshold > budget:
+        parser.error(
+            f"--length-threshold {args.length_threshold}: must be <= {budget // 2}, half of {BUDGET_FLAG} "
+            f"({budget}, from --serve-arg): both micro-batches need this many tokens, so no batch would ever be "
+            f"split and the dual-stream server refuses it; lower it or raise {BUDGET_FLAG}"
+        )
+    if args.length_threshold is not None and budget is None and 2 * args.length_threshold > SMALLEST_DEFAULT_BUDGET:
+        print(
+            f"warning: --length-threshold {args.length_threshold} is above half of {SMALLEST_DEFAULT_BUDGET}, the "
+            f"{BUDGET_FLAG} vLLM serves with by default on devices under 70 GiB; the dual-stream server refuses "
+            f"it there. Give the budget with --serve-arg '{BUDGET_FLAG} N' to have it checked now",
+            file=sys.stderr,
+        )
+    module = serve_ab.patchset_module("dual_stream.config", "--split-strategy, --balance-threshold and the budget")
+    if module is None:
+        return
+    section = additional_config(args, VARIANTS[1])["dual_stream_config"]
+    try:
+        module.DualStreamConfig.from_dict(section)
+    except ValueError as error:
+        named = [flag for key, flag in CONFIG_FLAGS.items() if f"{module.CONFIG_KEY}.{key}=" in str(error)]
+        parser.error(f"{', '.join(named or CONFIG_FLAGS.values())}: the dual-stream server refuses it:\n{error}")
+    if args.length_threshold is None and budget is not None and budget // 2 < module.MEASURE_FLOOR:
+        parser.error(
+            f"--serve-arg '{BUDGET_FLAG} {budget}': without --length-threshold the dual-stream server measures its "
+            f"gate from {module.MEASURE_FLOOR} tokens per micro-batch, more than half of {budget}, and refuses it; "
+            f"give --length-threshold <= {max(1, budget // 2)} or raise {BUDGET_FLAG} to >= {2 * module.MEASURE_FLOOR}"
+        )
 
 
 def additional_config(args: argparse.Namespace, variant: Variant) -> dict:

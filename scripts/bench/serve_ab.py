@@ -16,6 +16,7 @@ as ``python scripts/bench/<name>.py`` or are loaded by file path in the tests.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import shlex
@@ -28,6 +29,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
 READY_POLL_S = 5.0
 STOP_GRACE_S = 120.0
@@ -67,6 +69,29 @@ def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         tempfile.TemporaryFile(dir=nearest if nearest.exists() else Path.cwd()).close()
     except OSError as error:
         parser.error(f"--result-dir {args.result_dir}: cannot write in {nearest} ({error.strerror}); give a folder")
+
+
+def patchset_module(name: str, flags: str) -> ModuleType | None:
+    """``vllm_ascend.<name>``, to check ``flags`` with the server's own parser before any server starts: from
+    this checkout's assembled tree (``make assemble``: what the wheel packs) when there is one, else from the
+    installed vllm_ascend. None, with one warning, when neither has it: the server checks them at its start."""
+    scripts = str(Path(__file__).resolve().parents[1])  # the tooling package
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from vllm_ascend_patchset.paths import PACKAGE, assembled_root
+
+    tree = assembled_root()
+    if (tree / PACKAGE / "__init__.py").is_file() and str(tree) not in sys.path:
+        sys.path.insert(0, str(tree))
+    try:
+        return importlib.import_module(f"{PACKAGE}.{name}")
+    except Exception as error:  # any failure to import only defers the check to the server
+        print(
+            f"warning: {flags} not checked before the servers start ({PACKAGE}.{name}: {error}); the server checks "
+            "them at its start. Run 'make assemble' in this checkout, or install the patched wheel, to check here",
+            file=sys.stderr,
+        )
+        return None
 
 
 def split_serve_args(serve_args: Iterable[str]) -> list[str]:

@@ -119,3 +119,24 @@ def test_table_shows_both_runs_and_the_ratio(bench, monkeypatch, capsys, tmp_pat
     assert lines[-3].split()[-3:] == ["20000.0", "16000.0", "0.800"]
     assert lines[-2].split()[-3:] == ["19000.0", "17100.0", "0.900"]
     assert lines[-1].split()[-3:] == ["30000.0", "24000.0", "0.800"]
+
+
+def test_a_cpp_config_the_server_refuses_stops_the_script_before_any_server(bench, capsys, monkeypatch, tmp_path):
+    """A key the CPP server refuses was found only when that server started, after the whole fixed-chunk run,
+    and ended in a traceback."""
+    monkeypatch.setattr(bench, "run_variant", lambda args, variant: pytest.fail(f"the {variant} server started"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("kept")
+    refused = {
+        ("--cpp-config", '{"smooth_factr": 0.5}'): "profiling_chunk_config.smooth_factr=0.5: not a known key",
+        ("--cpp-config", '{"smooth_factor": 2}'): "profiling_chunk_config.smooth_factor=2:",
+        ("--cpp-cache-dir", str(blocker / "cpp")): f"profiling_chunk_config.cache_dir={str(blocker / 'cpp')!r}",
+    }
+    for (flag, value), why in refused.items():
+        with pytest.raises(SystemExit) as exit_info:
+            bench.main([*BASE, flag, value, "--result-dir", str(tmp_path / "results")])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: {flag} {value}: the CPP server would refuse it at its start:\n{why}" in err, err
+        assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]

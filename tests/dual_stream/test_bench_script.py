@@ -116,3 +116,39 @@ def test_the_table_shows_the_change_in_percent(bench):
     assert table[1].split()[-3:] == ["4318.88", "4046.86", "-6.30%"]
     assert table[2].split()[-1] == "-6.71%" and table[3].split()[-1] == "-6.90%"
     assert table[4].split()[-1] == "+2.00%" and table[6].split()[-1] == "+5.00%"
+
+
+def _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, argv):
+    monkeypatch.setattr(bench, "run_variant", lambda args, variant: pytest.fail(f"the {variant.label} server started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", "m", "--result-dir", str(tmp_path / "results"), *argv])
+    assert exit_info.value.code == 2 and not (tmp_path / "results").exists()
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err
+
+
+def test_a_length_threshold_above_half_the_budget_stops_the_script_before_any_server(
+    bench, monkeypatch, capsys, tmp_path
+):
+    """The dual-stream server refused it at its start, after the whole single-stream run."""
+    for budget in (["--serve-arg", "--max-num-batched-tokens 4096"], ["--serve-arg=--max-num-batched-tokens=4096"]):
+        err = _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, ["--length-threshold", "2049", *budget])
+        assert "error: --length-threshold 2049: must be <= 2048, half of --max-num-batched-tokens (4096" in err
+    args = bench.parse_args(["--model", "m", "--length-threshold", "2048", "--serve-arg", "--max-num-batched-tokens 4k",
+                             "--serve-arg", "--max-num-batched-tokens 4096"])  # fmt: skip
+    assert bench.serve_budget(args) == 4096  # the last one given is vLLM's
+    assert "--length-threshold 2048" not in capsys.readouterr().err
+    bench.parse_args(["--model", "m", "--length-threshold", "1025"])  # vLLM's default budget: not known here
+    assert "warning: --length-threshold 1025 is above half of 2048" in capsys.readouterr().err
+
+
+@pytest.mark.full_tier("the script checks the section with the dual-stream config module, which imports vLLM")
+def test_a_budget_too_small_for_the_measured_gate_stops_the_script_before_any_server(
+    bench, monkeypatch, capsys, tmp_path
+):
+    err = _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, ["--serve-arg=--max-num-batched-tokens 200"])
+    assert "error: --serve-arg '--max-num-batched-tokens 200': without --length-threshold the dual-stream server" in err
+    assert "give --length-threshold <= 100 or raise --max-num-batched-tokens to >= 256" in err
+    args = bench.parse_args(["--model", "m", "--length-threshold", "100", "--serve-arg=--max-num-batched-tokens 200"])
+    assert args.length_threshold == 100 and capsys.readouterr().err == ""

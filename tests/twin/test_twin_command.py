@@ -130,6 +130,17 @@ def test_bad_arguments_fail_before_any_worker_naming_the_flag_and_the_fix(argv, 
         (CSV_HEAD + GOOD_ROWS + "2048,0\n", "bad.csv:9: 2 value(s), the header names 3"),
         (CSV_HEAD + "".join(f"{c},0,0\n" for c in (256, 512, 1024, 2048, 4096)), "bad.csv:3: latency_ms '0'"),
         (CSV_HEAD + "256,0,1\n", "two or more measured chunk sizes"),
+        # csv's own refusals (a cell over its 128 KiB field limit) ended in a traceback
+        pytest.param(
+            CSV_HEAD + GOOD_ROWS + "2048,0," + "1" * 200_000 + "\n",
+            "bad.csv:9: not a CSV row of numbers (field larger than field limit",
+            id="a-cell-over-csv's-limit",
+        ),
+        pytest.param(
+            "chunk_tokens,history_tokens," + "l" * 200_000 + "\n",
+            "bad.csv:1: not a CSV row of numbers (field larger than field limit",
+            id="a-header-cell-over-csv's-limit",
+        ),
     ],
 )
 def test_a_bad_csv_surface_names_the_file_and_line(tmp_path, text, message, capsys, no_workers):

@@ -65,11 +65,19 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
+def _cells(path: Path, n: int, line: str) -> list[str]:
+    """The cells of line ``n``; what csv refuses (a cell over its field limit) is named with file and line."""
+    try:
+        return next(csv.reader([line]))
+    except csv.Error as error:
+        raise ValueError(f"{path}:{n}: not a CSV row of numbers ({error})") from None
+
+
 def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
     """Rows of ``chunk_tokens,history_tokens,latency_ms``; every value checked, an error names file and line."""
     lines = [(n, line) for n, line in enumerate(_read_text(path).splitlines(), 1) if line.strip()]
     lines = [(n, line) for n, line in lines if not line.lstrip().startswith("#")]
-    header = [name.strip() for name in next(csv.reader([lines[0][1]]))] if lines else []
+    header = [name.strip() for name in _cells(path, *lines[0])] if lines else []
     missing = [name for name in CSV_COLUMNS if name not in header]
     if missing:
         raise ValueError(
@@ -79,7 +87,7 @@ def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
     columns = [header.index(name) for name in CSV_COLUMNS]
     points = []
     for n, line in lines[1:]:
-        cells = next(csv.reader([line]))
+        cells = _cells(path, n, line)
         if len(cells) != len(header):
             raise ValueError(f"{path}:{n}: {len(cells)} value(s), the header names {len(header)}")
         points.append(measured_point(*(cells[i].strip() for i in columns), where=f"{path}:{n}"))

@@ -156,7 +156,9 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/design-cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the steeper slope measured to the sizes")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", "the T of the least predicted mean end-to-end latency of the requests in")
-    says("docs/cpp.md", f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach)")
+    says(
+        "docs/cpp.md", f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach, never the slowest alone)"
+    )
     assert cpp_policy.PACE_QUANTILE_TENTHS == 9
     says("docs/design-cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")
     says("docs/design-cpp.md", f"a plan not back within {cpp_policy.PLAN_TIMEOUT_S:g} s is a fault")
@@ -173,6 +175,14 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/design-cpp.md", f"shrunk towards the profile by {WORDS[int(c.PRIOR_WEIGHT)]} steps' worth of trust")
     assert c.PRIOR_WEIGHT == int(c.PRIOR_WEIGHT)
     says("docs/design-cpp.md", f"no point moves by more than {max_shift:.0%}")
+    says(
+        "docs/design-cpp.md",
+        f"halves the window's error or lowers it by over {c.CALIBRATED_ERROR:.0%}".replace("%", " points"),
+    )
+    says(
+        "docs/cpp.md",
+        f"halves the error on the window or lowers it by over {c.CALIBRATED_ERROR:.0%}".replace("%", " points"),
+    )
     assert cpp_samples.MIN_LATENCY_MS == 1e-3 and 3600e3 <= cpp_samples.MAX_LATENCY_MS <= 24 * 3600e3
     says("docs/cpp.md", "a latency outside a microsecond to hours")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import numpy as np
@@ -107,6 +108,7 @@ def finish_timed(policy, paced: bool, measured_over_predicted: float) -> None:
 
 def test_timed_steps_within_the_bound_keep_it_in_measured_time_and_others_do_not_move_it(model):
     policy = policy_with_target(model, 20.0)
+    policy.calibration.refit_every = 10**9  # the pace alone (its ratios are to whatever model predicts)
     for _ in range(cpp_policy.PACE_MIN_STEPS + 2):
         finish_timed(policy, paced=False, measured_over_predicted=2.0)  # steps with no decode: not the pace
     assert policy.budget.decode_bound_ms == pytest.approx(20.0)
@@ -116,6 +118,32 @@ def test_timed_steps_within_the_bound_keep_it_in_measured_time_and_others_do_not
     for _ in range(20):  # however slow the device, the pace moves the bound by at most MAX_PACE_FACTOR
         finish_timed(policy, paced=True, measured_over_predicted=10.0)
     assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)
+
+
+def test_one_stall_does_not_set_the_bound_for_the_steps_it_stays_in_the_window(model):
+    policy = policy_with_target(model, 20.0)
+    policy.calibration.refit_every = 10**9
+    for ratio in (1.0, 10.0, 1.0, 1.0, 1.0):  # a 10x stall (a host hiccup, an operator compiled for a new shape)
+        finish_timed(policy, paced=True, measured_over_predicted=ratio)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0)
+    finish_timed(policy, paced=True, measured_over_predicted=10.0)  # two of six: over one in ten, the pace
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)
+
+
+def test_a_corrected_model_keeps_the_pace_its_correction_does_not_explain(model, monkeypatch):
+    """The paced steps' errors move by what the adopted model predicts otherwise: no reset to the user's
+    bound while the model is still short of the device, no double count once it is not."""
+    policy = policy_with_target(model, 20.0)
+    policy.calibration.refit_every = 10**9
+    for _ in range(cpp_policy.PACE_MIN_STEPS):
+        finish_timed(policy, paced=True, measured_over_predicted=1.6)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.6)
+    slower = dataclasses.replace(model, step_ms=tuple(tuple(1.25 * t for t in row) for row in model.step_ms))
+    slower = dataclasses.replace(slower, fixed_ms=1.25 * model.fixed_ms)
+    monkeypatch.setattr(policy.calibration, "record", lambda pairs, measured_ms: slower)
+    finish_timed(policy, paced=False, measured_over_predicted=1.0)  # a refit adopts a model 1.25x slower
+    assert policy.rule.model is slower
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / (1.6 / 1.25), rel=1e-3)
 
 
 # ---------------------------------------------------------------- no target: what the decodes pay
@@ -148,8 +176,7 @@ def test_the_bound_leaves_room_for_the_steps_the_model_predicts_short_not_only_f
 
 
 def test_a_device_faster_than_predicted_leaves_the_bound_as_the_user_set_it(model):
-    """The measured pace only tightens the bound: steps at 0.8 of their predicted time leave it where it was,
-    and a refit starts the pace again from the bound as set."""
+    """The measured pace only tightens the bound: steps at 0.8 of their predicted time leave it where it was."""
     policy = policy_with_target(model, 20.0)
     for _ in range(cpp_policy.PACE_MIN_STEPS):
         finish_timed(policy, paced=True, measured_over_predicted=0.8)

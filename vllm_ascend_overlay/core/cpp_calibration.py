@@ -22,9 +22,11 @@ log(measured / predicted):
 
 Every point moves by at most ``max_shift``, and the table is made monotone again. So a
 series of odd steps (health checks) moves only the few points around them. The
-corrected table is adopted only if it halves the current model's error on the window;
-within ``CALIBRATED_ERROR`` only the split is tried (a correction of grid points could
-only chase noise there).
+corrected table is adopted only if it halves the current model's error on the window, or
+lowers it by more than ``CALIBRATED_ERROR`` (more than noise can show: a device several
+times slower than its profile is off by more than one refit's ``max_shift`` can mend, and
+gets there over a few refits); within ``CALIBRATED_ERROR`` only the split is tried (a
+correction of grid points could only chase noise there).
 Pure Python and numpy: no vLLM, no I/O.
 """
 
@@ -209,7 +211,7 @@ class OnlineCalibration:
         if candidate is self.model:
             return None
         error = self.window_error(candidate)
-        if not error <= current_error / 2:
+        if not (error <= current_error / 2 or error < current_error - CALIBRATED_ERROR):
             logger.debug(
                 "[CPP] online correction not adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error
             )

@@ -187,7 +187,8 @@ class CppPolicy:
         self._planner = _Planner()
         self._pending: tuple[Future, ChunkRule] | None = None  # a plan made off the step, and the rule it used
         self.traffic = Traffic()
-        self._pace_errors: deque[float] = deque(maxlen=PACE_WINDOW)  # log(measured / predicted), timed steps
+        # log(measured / predicted) of the latest paced timed steps, and their (chunk, history) pairs
+        self._pace_errors: deque[tuple[float, tuple[tuple[int, int], ...]]] = deque(maxlen=PACE_WINDOW)
 
     @property
     def rule(self) -> ChunkRule:
@@ -270,27 +271,39 @@ class CppPolicy:
                     batch.predicted_ms,
                     measured_ms,
                 )
-            if batch.paced:
-                self._keep_pace(batch.predicted_ms, float(measured_ms))
+            if batch.paced and batch.predicted_ms > 0 and measured_ms > 0:
+                self._pace_errors.append((math.log(measured_ms / batch.predicted_ms), pairs))
+                self._keep_pace()
             model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:
+                # The new model predicts those steps otherwise: their errors move by as much, and the pace
+                # is kept from them (a device slower than its profile stays paced while it is corrected).
+                old = self.rule.model
+                self._pace_errors = deque(
+                    (
+                        (error - math.log(model.batch_time_ms(p) / old.batch_time_ms(p)), p)
+                        for error, p in self._pace_errors
+                    ),
+                    maxlen=PACE_WINDOW,
+                )
                 self.budget.rule = self.rule.with_model(model)
-                self._pace_errors.clear()  # (the new model predicts otherwise: its pace is measured anew)
-                self.budget.pace(1.0)
+                self._keep_pace()
         return batch
 
-    def _keep_pace(self, predicted_ms: float, measured_ms: float) -> None:
+    def _keep_pace(self) -> None:
         """The decode step bound in measured time: scaled by predicted over measured time of the latest
         ``PACE_WINDOW`` timed steps made within it (from ``PACE_MIN_STEPS`` of them), at the ratio that nine
         in ten of them reach: a decode's tokens wait for the steps as they run, and the target is the user's
         bound, so the bound leaves room for the steps the model predicts short, not only for its mean error."""
-        if not (predicted_ms > 0 and measured_ms > 0):
-            return
-        errors = self._pace_errors
-        errors.append(math.log(measured_ms / predicted_ms))
-        if len(errors) >= PACE_MIN_STEPS:
+        errors = sorted(error for error, _ in self._pace_errors)
+        if len(errors) < PACE_MIN_STEPS:
+            self.budget.pace(1.0)
+        else:
             # Only ever tighter than the user's bound: steps that run faster than predicted leave it as set
             # (planned up to it, mixed traffic on a measured CPU surface got 1-11% more mean TTFT at 2x the
             # decode-only round: longer batches delay the first token of what arrives meanwhile).
-            scale = math.exp(-sorted(errors)[(PACE_QUANTILE_TENTHS * len(errors)) // 10])
+            # (never the slowest one: of fewer than ten steps the quantile would be it, and one stall or an
+            # operator compiled for a new shape would set the bound for the hundreds of steps it stays here)
+            rank = min(-(-PACE_QUANTILE_TENTHS * len(errors) // 10) - 1, len(errors) - 2)
+            scale = math.exp(-errors[rank])
             self.budget.pace(min(max(scale, 1.0 / MAX_PACE_FACTOR), 1.0))

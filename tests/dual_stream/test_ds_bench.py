@@ -275,6 +275,35 @@ def test_a_link_flag_out_of_range_stops_the_command_before_any_rank_starts(capsy
     assert "GB/s, in [0.01, 10000]: below 10 MB/s" in shown
 
 
+def _saved(**changes):
+    """A saved result of the right shape, as far as the checks before the tables read it, with ``changes``."""
+    rank = {"presets": {"bare": {}}, "gate": {"bare": {}}, "modes": {}, "records": [], "max_rel_diff": 0.0}
+    plan = {"cases": [next(iter(cases.BY_NAME))], "presets": ["bare"], "reference": "r", "repeats": 1}
+    return {"plan": plan, "ranks": [rank, rank], "load_before": [1, 1, 1], "load_after": [1, 1, 1], "seconds": 1.0,
+            **changes}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "saved, message",
+    [  # each valid JSON that ended in a TypeError from inside the tables
+        ([1, 2], "the file holds a list, not an object with plan, ranks, load_before, load_after, seconds"),
+        ({"ranks": 5, "plan": 5, "load_before": 0, "load_after": 0, "seconds": 0}, "plan is a whole number, not an"),
+        (_saved(ranks=[5]), "ranks[0] is a whole number, not an object"),
+        (_saved(ranks=[]), "ranks is empty"),
+        (_saved(load_after=[1, "x", 1]), "load_after must be the 3 load averages"),
+        (_saved(plan={"cases": ["nope"], "presets": [], "reference": "r", "repeats": 1}), "plan.cases names no case"),
+        (_saved(seconds=None), "seconds is null, not a number"),
+        (_saved(), "(KeyError: "),  # past the checks: what the tables trip on is still an error, not a traceback
+    ],
+)
+def test_a_from_json_file_of_the_wrong_shape_is_named_not_a_traceback(tmp_path, capsys, saved, message):
+    path = tmp_path / "saved.json"
+    path.write_text(json.dumps(saved))
+    assert command.main(["--from-json", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --from-json {path}: not a saved ds-bench result (") and message in err, err
+
+
 @pytest.mark.parametrize("where", ["under a file", "a folder"])
 def test_an_out_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys, monkeypatch, where):
     def no_ranks(*args, **kwargs):

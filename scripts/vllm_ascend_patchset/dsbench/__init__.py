@@ -10,5 +10,6 @@ Modules: ``batches`` (the CPU stand-in of ``AscendMetadata``, shared with the te
 ``link`` (the emulated link and its stream backend), ``attention`` (a paged-KV CPU
 attention in place of vLLM's), ``cases`` (model, batch shapes, link presets), ``rank``
 (one TP rank: the model, the measured gate, the timed forwards), ``report`` (figures and
-tables), ``command`` (flags, the two processes, the output).
+tables), ``command`` (flags, the two processes, the output), ``saved`` (a saved ``--out`` file read
+back for ``--from-json``, its shape checked).
 """

@@ -29,6 +29,7 @@ from pathlib import Path
 from ..paths import ROOT, assembled_root
 from . import cases as bench_cases
 from . import report
+from . import saved as saved_result
 
 WORLD = 2
 PEER_GRACE_S = 30.0
@@ -353,11 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json is not None:
         try:
-            saved = json.loads(args.from_json.read_text())
+            saved = saved_result.load(args.from_json)
             text, _failures = render(saved["ranks"], saved["plan"], saved["load_before"], saved["load_after"],
                                      saved["seconds"])  # fmt: skip
-        except (OSError, ValueError, KeyError) as error:
-            print(f"error: --from-json {args.from_json}: not a saved ds-bench result ({error})", file=sys.stderr)
+        except (OSError, ValueError, LookupError, TypeError, AttributeError, ArithmeticError, RecursionError) as error:
+            why = error if isinstance(error, OSError | ValueError) else f"{type(error).__name__}: {error}"
+            print(f"error: --from-json {args.from_json}: not a saved ds-bench result ({why})", file=sys.stderr)
             return 2
         print(text)
         return 0

@@ -49,7 +49,15 @@ def within(parser: argparse.ArgumentParser, flag: str, value: int, low: int, hig
 
 
 def check_serving_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The flags both scripts share (``bench_serve_command``'s, the port, the timeout, ``--result-dir``)."""
+    """The flags both scripts share (``bench_serve_command``'s, the port, the timeout, ``--result-dir``,
+    ``--serve-arg``)."""
+    for extra in args.serve_arg:  # split like a shell would when the commands are made
+        try:
+            shlex.split(extra)
+        except ValueError as error:
+            parser.error(
+                f"--serve-arg {extra!r}: not words a shell could split ({error}); balance its quotes or escape one"
+            )
     within(parser, "--port", args.port, 1, 65535)
     within(parser, "--input-len", args.input_len, 1, MAX_TOKENS)
     within(parser, "--output-len", args.output_len, 1, MAX_TOKENS)

@@ -85,6 +85,8 @@ def test_runs_differ_only_in_the_cpp_switch(bench):
         ([*BASE, "--tp", "1000000"], "--tensor-parallel-size must be in [1, 64], got 1000000"),
         ([*BASE, "--max-num-batched-tokens", "1000000000000"], "--max-num-batched-tokens must be in [1, 33554432]"),
         ([*BASE, "--max-model-len", "1000000000000"], "--max-model-len must be in [1, 33554432]"),
+        # a traceback from shlex, even with --dry-run
+        ([*BASE, "--dry-run", "--serve-arg", "'x"], """--serve-arg "'x": not words a shell could split (No closing"""),
     ],
 )
 def test_bad_arguments_are_refused(bench, capsys, argv, message):

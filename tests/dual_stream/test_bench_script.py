@@ -82,6 +82,11 @@ def test_bench_command_drives_the_reference_load_and_saves_where_it_reads(bench,
         (["--model", "m", "--request-rate", "0.001"], "--request-rate 0.001: 400 prompts arrive over 400000 s"),
         (["--model", "m", "--balance-threshold", "inf"], "--balance-threshold must be a finite number > 0"),
         (["--model", "m", "--length-threshold", "1000000000000"], "--length-threshold must be in [1, 33554432]"),
+        # a traceback from shlex, even with --dry-run
+        (
+            ["--model", "m", "--dry-run", "--serve-arg", "--served-model-name 'x"],
+            """--serve-arg "--served-model-name 'x": not words a shell could split (No closing quotation)""",
+        ),
     ],
 )
 def test_bad_arguments_are_refused(bench, capsys, argv, message):

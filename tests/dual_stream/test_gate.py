@@ -17,8 +17,8 @@ ON = DualStreamConfig(True, "token_balanced", 1.0, 8)
 MIXED = [Request(7, 1), Request(12, 1), Request(16, 20), Request(0, 13), Request(3, 9)]
 
 
-def _batch(requests=MIXED, **kwargs):
-    metadata, positions = build_batch(requests, block_size=4, num_blocks=64, **kwargs)
+def _batch(requests=MIXED, num_blocks=64, **kwargs):
+    metadata, positions = build_batch(requests, block_size=4, num_blocks=num_blocks, **kwargs)
     return metadata, positions.shape[0]
 
 
@@ -56,6 +56,22 @@ def test_decode_and_speculative_batches_stay_single_stream(state):
     metadata, tokens = _batch([Request(5, 1)] * 4 if state is FakeAttentionState.DecodeOnly else MIXED, state=state)
     decision = decide(DualStreamConfig(True, "half_batch", 1.0, 1), {"l0": metadata}, tokens, 2, True)
     assert decision.point is None and decision.reason == f"{state.name} batch"
+
+
+def test_a_batch_of_speculative_verifications_alone_stays_single_stream_whatever_its_label():
+    """vllm-ascend labels a verification batch ChunkedPrefill for every method but MTP: 128 decodes of
+    1 + 3 draft tokens are 512 tokens, enough to split, yet no request in it is a prefill."""
+    metadata, tokens = _batch([Request(40, 4)] * 128, num_blocks=2048, state=FakeAttentionState.ChunkedPrefill)
+    config = DualStreamConfig(True, "token_balanced", 1.0, 1)
+    assert decide(config, {"l0": metadata}, tokens, 2, True).reason == "split"  # (as a batch of prompts would)
+    decision = decide(config, {"l0": metadata}, tokens, 2, True, decode_tokens=4)
+    assert decision.point is None and decision.reason == "decodes only (speculative verification)"
+    with_prompt, tokens = _batch(
+        [Request(0, 200)] + [Request(40, 4)] * 8 + [Request(0, 200)],
+        num_blocks=2048,
+        state=FakeAttentionState.ChunkedPrefill,
+    )
+    assert decide(config, {"l0": with_prompt}, tokens, 2, True, decode_tokens=4).reason == "split"
 
 
 def test_a_padding_request_keeps_the_batch_single_stream():

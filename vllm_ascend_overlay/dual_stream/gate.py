@@ -2,7 +2,9 @@
 
 Dual stream runs only when all hold: the feature is on, TP > 1, the forward is eager
 (no graph captured or replayed), the attention metadata is the plain per-layer dict of
-one prefill-type batch (not DecodeOnly, not SpecDecoding), no padding request or padded
+one prefill-type batch (not DecodeOnly, not SpecDecoding; with speculative decoding, not
+a batch of verifications alone, which vllm-ascend labels ChunkedPrefill for every method
+but MTP: no request schedules more than ``decode_tokens``), no padding request or padded
 token, no context-parallel / KV-compression metadata, and the split strategy accepts a
 split point. With ``length_threshold`` unset, that split must leave ``MEASURE_FLOOR``
 tokens in each micro-batch, and the measured gate (``measured``) decides on the rest.
@@ -115,8 +117,12 @@ def decide(
     tp_world_size: int,
     eager: bool,
     splitter: MetadataSplitter = ASCEND_METADATA,
+    decode_tokens: int = 1,
 ) -> GateDecision:
-    """Where to split this batch, or why it runs single-stream; host-side values only."""
+    """Where to split this batch, or why it runs single-stream; host-side values only.
+
+    ``decode_tokens``: the most tokens a decoding request schedules in one step (1 plus the
+    speculative tokens it verifies)."""
     if not config.enabled:
         return GateDecision(None, "disabled")
     if tp_world_size <= 1:
@@ -128,6 +134,8 @@ def decide(
     query_lens = splitter.query_lens(attn_metadata, num_input_tokens)
     if isinstance(query_lens, str):
         return GateDecision(None, query_lens)
+    if max(query_lens, default=0) <= decode_tokens:
+        return GateDecision(None, "decodes only (speculative verification)")
     length_threshold = MEASURE_FLOOR if config.length_threshold is None else config.length_threshold
     point = choose_split(query_lens, config.split_strategy, config.balance_threshold, length_threshold)
     if point is None:

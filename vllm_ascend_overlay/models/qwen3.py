@@ -145,6 +145,8 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
         self.dual_stream_last_reason = ""  # the gate's reason for the last batch ("split" when it split)
         self.dual_stream_last_point: SplitPoint | None = None  # and its split point
         self.dual_stream_measured: MeasuredMode | None = None  # the measured gate, from the first split batch
+        speculative = getattr(vllm_config, "speculative_config", None)  # a decode verifies its draft tokens
+        self.dual_stream_decode_tokens = 1 + int(getattr(speculative, "num_speculative_tokens", None) or 0)
         self._dual_stream_on = self.dual_stream_config.enabled and self._supports_dual_stream()
 
     @property
@@ -266,6 +268,7 @@ class DualStreamQwen3ForCausalLM(Qwen3ForCausalLM):
             get_tensor_model_parallel_world_size(),
             eager,
             self.dual_stream_splitter,
+            self.dual_stream_decode_tokens,
         )
         self.dual_stream_last_reason, self.dual_stream_last_point = decision.reason, decision.point
         return decision.point

@@ -140,6 +140,8 @@ def test_a_bad_mooncake_line_is_named_by_file_and_line(tmp_path, line, message):
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03.5,x,5"], r"a.csv:2: ContextTokens 'x'"),
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03,-10,5"], r"a.csv:2: ContextTokens '-10'"),
         (["TIMESTAMP,ContextTokens,GeneratedTokens", "2023-11-16 18:17:03,5"], r"a.csv:2: 2 value\(s\), the header"),
+        (["TIMESTAMP,ContextTokens,GeneratedTokens", '1,"' + "x" * 200_000 + '",5'], r"a.csv:2: not a CSV row"),
+        (['TIMESTAMP,"' + "x" * 200_000 + '",GeneratedTokens'], r"a.csv:1: not a CSV row"),
     ],
 )
 def test_a_bad_azure_line_is_named_by_file_and_line(tmp_path, lines, message):

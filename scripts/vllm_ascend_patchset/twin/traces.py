@@ -234,10 +234,18 @@ def _cell_tokens(text: str, where: str, name: str, low: int) -> int:
         raise ValueError(f"{where}: {name} {text.strip()!r} must be a whole number >= {low}") from None
 
 
+def _cells(line: str, where: str) -> list[str]:
+    """One CSV line's cells; a line csv itself refuses (a cell over its field limit) is named by file:line."""
+    try:
+        return next(csv.reader([line]), [])
+    except csv.Error as exc:
+        raise ValueError(f"{where}: not a CSV row ({exc})") from None
+
+
 def _azure(path: Path, handle, start: int) -> Iterator[TraceRecord]:
     rows = _rows(handle)
     header_no, header_line = next(rows, (1, ""))
-    header = [name.strip() for name in next(csv.reader([header_line]), [])]
+    header = [name.strip() for name in _cells(header_line, f"{path}:{header_no}")]
     missing = [name for name in AZURE_COLUMNS if name not in header]
     if missing:
         raise ValueError(f"{path}:{header_no}: header lacks {', '.join(missing)}; expected {','.join(AZURE_COLUMNS)}")
@@ -246,7 +254,7 @@ def _azure(path: Path, handle, start: int) -> Iterator[TraceRecord]:
         if index < start:  # before the slice: counted, not read
             continue
         where = f"{path}:{line_no}"
-        cells = next(csv.reader([line]))
+        cells = _cells(line, where)
         if len(cells) != len(header):
             raise ValueError(f"{where}: {len(cells)} value(s), the header names {len(header)}")
         yield TraceRecord(

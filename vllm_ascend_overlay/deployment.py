@@ -6,8 +6,8 @@ architecture: another model put at the same path is another deployment), dtype, 
 TP/PP sizes, token budget, KV block size, vLLM and vllm-ascend versions, device and CANN, and
 what else changes a forward pass's time: the KV cache dtype, context-parallel sizes, eager or
 graph execution, and vllm-ascend's other settings: its ``additional_config`` (a digest; CPP's own
-section left out, dual stream's on or off) and the ``VLLM_ASCEND_*`` environment variables
-that stand in for its keys (a digest of those set).
+section left out, also where a section nests it, dual stream's on or off) and the
+``VLLM_ASCEND_*`` environment variables that stand in for its keys (a digest of those set).
 ``fingerprint_for`` reads them from a ``VllmConfig`` without touching the device (the
 engine-core process has none); ``make_fingerprint`` builds one from values (JSON-safe).
 """
@@ -21,6 +21,8 @@ import os
 from typing import Any
 
 __all__ = ["fingerprint_for", "make_fingerprint"]
+
+CPP_SECTION = "profiling_chunk_config"
 
 
 def make_fingerprint(
@@ -104,7 +106,11 @@ def _execution(vllm_config: Any) -> dict:
     parallel, cache = vllm_config.parallel_config, vllm_config.cache_config
     additional = getattr(vllm_config, "additional_config", None)
     additional = dict(additional) if isinstance(additional, dict) else {}
-    additional.pop("profiling_chunk_config", None)  # CPP's settings change no forward pass
+    # CPP's settings change no forward pass, at the top or in a section (upstream main's scheduler_config)
+    additional.pop(CPP_SECTION, None)
+    for key, value in additional.items():
+        if isinstance(value, dict) and CPP_SECTION in value:
+            additional[key] = {name: setting for name, setting in value.items() if name != CPP_SECTION}
     dual_stream = additional.pop("dual_stream_config", None)
     try:
         settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()

@@ -234,6 +234,20 @@ def test_what_changes_a_forward_pass_is_another_deployment_and_cpp_settings_are_
     assert cpp_profile_store.cache_file("/c", changed) != cpp_profile_store.cache_file("/c", base)
 
 
+def test_cpp_settings_nested_in_a_section_are_left_out_too_and_the_sections_other_settings_are_not(tmp_path):
+    """Upstream main reads CPP's section under additional_config.scheduler_config: a CPP setting changed
+    there would profile again, and the user's config is not changed by the digest."""
+    config = helpers.make_vllm_config(tmp_path)
+    nested = {"profiling_chunk_config": {"enabled": True}, "enable_balance_scheduling": False}
+    config.additional_config = {"scheduler_config": nested}
+    base = deployment.fingerprint_for(config)
+    nested["profiling_chunk_config"] = {"enabled": True, "smooth_factor": 0.5}
+    assert deployment.fingerprint_for(config) == base
+    assert config.additional_config["scheduler_config"]["profiling_chunk_config"]["smooth_factor"] == 0.5
+    nested["enable_balance_scheduling"] = True
+    assert deployment.fingerprint_for(config) != base
+
+
 def test_another_profile_schema_is_another_file(tmp_path, monkeypatch):
     """Two builds of other schemas sharing a folder each refused the other's profile and wrote over it."""
     fingerprint = deployment.fingerprint_for(helpers.make_vllm_config(tmp_path))

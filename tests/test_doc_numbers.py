@@ -157,7 +157,9 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
     says("docs/cpp.md", "the T of the least predicted mean end-to-end latency of the requests in")
     says(
-        "docs/cpp.md", f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach, never the slowest alone)"
+        "docs/cpp.md",
+        f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach; steps over "
+        f"{cpp_policy.MAX_PACE_FACTOR:g}x their prediction left out while a minority: stalls)",
     )
     assert cpp_policy.PACE_QUANTILE_TENTHS == 9
     says("docs/design-cpp.md", f"The first {cpp_planner.PLAN_MAX_PREFILLS} prefills are planned one by one")

@@ -120,13 +120,18 @@ def test_timed_steps_within_the_bound_keep_it_in_measured_time_and_others_do_not
     assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)
 
 
-def test_one_stall_does_not_set_the_bound_for_the_steps_it_stays_in_the_window(model):
+def test_stalls_do_not_set_the_bound_for_the_steps_they_stay_in_the_window_until_they_are_the_device(model):
+    """A step over MAX_PACE_FACTOR times its prediction (a host hiccup, an operator compiled for a new shape)
+    is beyond what the pace can make up: while such steps are a minority they are left out."""
     policy = policy_with_target(model, 20.0)
     policy.calibration.refit_every = 10**9
-    for ratio in (1.0, 10.0, 1.0, 1.0, 1.0):  # a 10x stall (a host hiccup, an operator compiled for a new shape)
+    for ratio in (1.0, 10.0, 10.0, 1.0, 1.0, 1.0, 1.1):  # two 10x stalls among seven steps
         finish_timed(policy, paced=True, measured_over_predicted=ratio)
-    assert policy.budget.decode_bound_ms == pytest.approx(20.0)
-    finish_timed(policy, paced=True, measured_over_predicted=10.0)  # two of six: over one in ten, the pace
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.1)
+    for _ in range(2):  # four of nine: still a minority
+        finish_timed(policy, paced=True, measured_over_predicted=10.0)
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.1)
+    finish_timed(policy, paced=True, measured_over_predicted=3.0)  # five of ten: the device is that slow
     assert policy.budget.decode_bound_ms == pytest.approx(20.0 / cpp_policy.MAX_PACE_FACTOR)
 
 

@@ -130,6 +130,16 @@ def test_a_correction_is_adopted_only_if_it_halves_the_error_on_the_window_or_lo
     assert calib.refits_adopted == 0
 
 
+@pytest.mark.parametrize("sigma", [0.2, 0.3])
+def test_noise_around_an_unbiased_model_is_never_taken_for_a_correction(sigma):
+    """A table fitted to the window lowers its error there by the window's own noise: with steps scattered
+    +-20-30% around the profile that is over 5 points, yet the device is the profile."""
+    calib = calibration()
+    for pairs, ms in mixed_steps(PROFILED.batch_time_ms, 2000, seed=3, noise=sigma):
+        calib.record(pairs, ms)
+    assert calib.refits_adopted == 0 and calib.model is PROFILED
+
+
 @pytest.mark.parametrize("slower", [1.6, 3.0])
 def test_a_device_several_times_slower_than_its_profile_is_learned_over_a_few_refits(slower):
     """One refit moves a point by at most max_shift (25%), short of halving a 3x error: each one that lowers

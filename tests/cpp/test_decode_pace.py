@@ -180,6 +180,30 @@ def test_the_bound_leaves_room_for_the_steps_the_model_predicts_short_not_only_f
     assert policy.budget.decode_bound_ms == pytest.approx(20.0 / 1.2)
 
 
+def test_a_step_in_flight_when_a_correction_came_is_read_against_the_new_model(model, monkeypatch):
+    """Under PP steps are in flight when a refit is adopted: one predicted by the old model and back after it
+    is moved by what the new one predicts otherwise, so the correction is not counted twice."""
+    policy = policy_with_target(model, 20.0)
+    policy.calibration.refit_every = 10**9
+    slower = dataclasses.replace(model, step_ms=tuple(tuple(1.6 * t for t in row) for row in model.step_ms))
+    slower = dataclasses.replace(slower, fixed_ms=1.6 * model.fixed_ms)
+    budget, outputs = policy.budget, []
+    for _ in range(cpp_policy.PACE_MIN_STEPS + 2):  # a device 1.6x its profile: steps in flight, all paced
+        budget.start()
+        budget.decoding(True)
+        budget.reserve_decodes([("d", 1, 2000)])
+        budget.charge("p", 512, 4000)
+        outputs.append((SimpleNamespace(), budget.predicted_ms() * 1.6))
+        policy.scheduled(outputs[-1][0], timed=True)
+    monkeypatch.setattr(policy.calibration, "record", lambda pairs, measured_ms: slower)  # the next back adopts it
+    policy.finished(*outputs[0])
+    monkeypatch.setattr(policy.calibration, "record", lambda pairs, measured_ms: None)
+    for output, measured_ms in outputs[1:]:  # predicted by the profile, back under the corrected model
+        policy.finished(output, measured_ms)
+    assert policy.rule.model is slower
+    assert policy.budget.decode_bound_ms == pytest.approx(20.0, rel=1e-3)
+
+
 def test_a_device_faster_than_predicted_leaves_the_bound_as_the_user_set_it(model):
     """The measured pace only tightens the bound: steps at 0.8 of their predicted time leave it where it was."""
     policy = policy_with_target(model, 20.0)

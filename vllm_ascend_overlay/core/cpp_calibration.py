@@ -22,11 +22,14 @@ log(measured / predicted):
 
 Every point moves by at most ``max_shift``, and the table is made monotone again. So a
 series of odd steps (health checks) moves only the few points around them. The
-corrected table is adopted only if it halves the current model's error on the window, or
-lowers it by more than ``CALIBRATED_ERROR`` (more than noise can show: a device several
-times slower than its profile is off by more than one refit's ``max_shift`` can mend, and
-gets there over a few refits); within ``CALIBRATED_ERROR`` only the split is tried (a
-correction of grid points could only chase noise there).
+corrected table is adopted only if it halves the current model's error on the window (a
+table fitted to the window always lowers its error there a little, by its noise); or, when
+the window's median error is beyond what one refit may move by more than three of its
+standard errors (a device several times slower or faster than its profile, which the
+halving cannot pass), if it lowers the error by more than ``CALIBRATED_ERROR``: so such a
+device gets there over a few refits. Within
+``CALIBRATED_ERROR`` only the split is tried (a correction of grid points could only chase
+noise there).
 Pure Python and numpy: no vLLM, no I/O.
 """
 
@@ -203,6 +206,15 @@ class OnlineCalibration:
         interval = min((b - a for a, b in zip(levels, levels[1:], strict=False)), default=math.inf)
         return max(tokens) >= MIN_WINDOW_SPREAD * min(tokens) or max(histories) - min(histories) >= interval
 
+    def _beyond_reach(self) -> bool:
+        """Whether the window's median error is beyond what one refit may move (``max_shift``) by more than
+        three of its standard errors (from the errors' own scatter): a device that far from its model, not
+        noise, which around an unbiased model moves the median of a window that far only by chance."""
+        errors = np.array([math.log(row.measured_ms / self.model.batch_time_ms(row.pairs)) for row in self.window])
+        median = float(np.median(errors))
+        scatter = 1.4826 * float(np.median(np.abs(errors - median)))  # (the errors' sigma, robust to stalls)
+        return abs(median) - 3.0 * 1.2533 * scatter / math.sqrt(len(errors)) > math.log1p(self.max_shift)
+
     def _refit(self) -> LatencyModel | None:
         current_error = self.window_error(self.model)
         # Within CALIBRATED_ERROR moving grid points could only chase noise; the split, one
@@ -211,7 +223,7 @@ class OnlineCalibration:
         if candidate is self.model:
             return None
         error = self.window_error(candidate)
-        if not (error <= current_error / 2 or error < current_error - CALIBRATED_ERROR):
+        if not (error <= current_error / 2 or (error < current_error - CALIBRATED_ERROR and self._beyond_reach())):
             logger.debug(
                 "[CPP] online correction not adopted: window error %.1f%% -> %.1f%%", 100 * current_error, 100 * error
             )

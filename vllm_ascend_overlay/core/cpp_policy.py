@@ -149,6 +149,7 @@ class CppBatch:
     timed: bool
     paced: bool = False  # made within a TPOT target's bound (requests decoding)
     reserved: ReservedDecodes | None = None  # the step's reserved decodes
+    model: LatencyModel | None = None  # the model that predicted it (a correction may come before it is back)
 
     @property
     def charged(self) -> dict[str, tuple[int, int, float]]:
@@ -240,7 +241,9 @@ class CppPolicy:
     def scheduled(self, scheduler_output: Any, timed: bool) -> None:
         """Keep the step's record until its output is back."""
         budget = self.budget
-        record = CppBatch(budget.individually, budget.predicted_ms(), timed, budget.paced, budget.reserved)
+        record = CppBatch(
+            budget.individually, budget.predicted_ms(), timed, budget.paced, budget.reserved, budget.rule.model
+        )
         self._in_flight.append((scheduler_output, record))
         if len(self._in_flight) > MAX_BATCHES_IN_FLIGHT:  # outputs that never came back
             del self._in_flight[0]
@@ -272,7 +275,10 @@ class CppPolicy:
                     measured_ms,
                 )
             if batch.paced and batch.predicted_ms > 0 and measured_ms > 0:
-                self._pace_errors.append((math.log(measured_ms / batch.predicted_ms), pairs))
+                error, now = math.log(measured_ms / batch.predicted_ms), self.rule.model
+                if batch.model is not None and batch.model is not now:  # in flight when a correction came
+                    error -= math.log(now.batch_time_ms(pairs) / batch.model.batch_time_ms(pairs))
+                self._pace_errors.append((error, pairs))
                 self._keep_pace()
             model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:

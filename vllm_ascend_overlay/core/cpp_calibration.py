@@ -27,9 +27,8 @@ table fitted to the window always lowers its error there a little, by its noise)
 the window's median error is beyond what one refit may move by more than three of its
 standard errors (a device several times slower or faster than its profile, which the
 halving cannot pass), if it lowers the error by more than ``CALIBRATED_ERROR``: so such a
-device gets there over a few refits. Within
-``CALIBRATED_ERROR`` only the split is tried (a correction of grid points could only chase
-noise there).
+device gets there over a few refits. Within ``CALIBRATED_ERROR`` only the split is tried
+(a correction of grid points could only chase noise there).
 Pure Python and numpy: no vLLM, no I/O.
 """
 

@@ -244,17 +244,22 @@ def test_a_report_path_that_cannot_be_written_is_refused_before_the_checkout_is_
     bad = {tmp_path: "is a folder; give a file in it", afile / "r.txt": f"{afile} is a file where a folder is needed"}
     if Path("/proc/self").is_dir():  # no file can be made there, whoever runs the test
         bad[Path("/proc/port-report.txt")] = "no file can be made in /proc"
+    _refused_reports(repo, bad, capsys, set())
+    assert afile.read_text() == "a file\n"
+    report = tmp_path / "new" / "folder" / "r.txt"  # folders still to make are fine
+    assert cli.main(["port", str(repo), "--dry-run", "--report", str(report)]) == 0, capsys.readouterr().err
+    assert report.read_text().startswith("Port of the patch set to")
+
+
+def _refused_reports(repo, bad: dict, capsys, changed: set) -> None:
+    """Each --report path refused (exit 2, naming it and why), with and without --dry-run, nothing ported."""
     for where, why in bad.items():
         for dry_run in ([], ["--dry-run"]):
             assert cli.main(["port", str(repo), *dry_run, "--report", str(where)]) == 2
             captured = capsys.readouterr()
             assert f"error: --report {where}: {why}" in captured.err and "nothing was ported" in captured.err
             assert "Traceback" not in captured.err and captured.out == ""
-            assert status(repo) == set(), "nothing written to the checkout"
-    assert afile.read_text() == "a file\n"
-    report = tmp_path / "new" / "folder" / "r.txt"  # folders still to make are fine
-    assert cli.main(["port", str(repo), "--dry-run", "--report", str(report)]) == 0, capsys.readouterr().err
-    assert report.read_text().startswith("Port of the patch set to")
+            assert status(repo) == changed, "nothing written to the checkout"
 
 
 def test_a_report_path_in_the_checkout_or_over_a_file_not_a_report_is_refused_and_the_file_kept(
@@ -273,13 +278,7 @@ def test_a_report_path_in_the_checkout_or_over_a_file_not_a_report_is_refused_an
     kept = {path: path.read_bytes() for path in (patched, notes, mine)}
     inside = "is inside the checkout being ported"
     bad = {patched: inside, notes: inside, link: inside, mine: "is a file that is not a port report"}
-    for where, why in bad.items():
-        for dry_run in ([], ["--dry-run"]):
-            assert cli.main(["port", str(repo), *dry_run, "--report", str(where)]) == 2
-            captured = capsys.readouterr()
-            assert f"error: --report {where}: {why}" in captured.err and "nothing was ported" in captured.err
-            assert "Traceback" not in captured.err and captured.out == ""
-            assert status(repo) == {"NOTES.md"}, "nothing written to the checkout"
+    _refused_reports(repo, bad, capsys, {"NOTES.md"})
     assert {path: path.read_bytes() for path in kept} == kept
     empty, earlier = tmp_path / "empty.txt", tmp_path / "earlier.txt"
     empty.touch()  # as mktemp makes it: nothing to lose

@@ -6,17 +6,23 @@ get the same guarantees: a reader never sees half a file, and a file that is too
 unreadable, not UTF-8, not JSON or nested too deep is one error of the caller's type. A
 written file gets the mode open() would give it (the umask's), not a temporary file's
 owner-only one: a cache folder shared by several users stays readable to those it allows.
+A temporary file left by a writer killed between writing and renaming is removed by the
+next write of the same file once it is ``STALE_TMP_S`` old (a write takes milliseconds).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 __all__ = ["new_file_mode", "read_json", "write_json_atomically"]
+
+STALE_TMP_S = 3600.0  # a temporary file this old beside its target has no writer left
 
 
 def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
@@ -32,6 +38,13 @@ def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
+    now = time.time()
+    for leftover in path.parent.glob(glob.escape(path.name) + "*.tmp"):  # (a writer killed mid-write)
+        try:
+            if now - leftover.stat().st_mtime > STALE_TMP_S:
+                leftover.unlink()
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove: the next write tries again
 
 
 def new_file_mode() -> int:

@@ -491,3 +491,22 @@ def test_a_saved_file_gets_the_mode_the_umask_gives_not_the_temporary_files(tmp_
     assert (tmp_path / "profile.json").stat().st_mode & 0o777 == 0o666 & ~umask
     assert json.loads((tmp_path / "profile.json").read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left
+
+
+def test_a_temporary_file_a_killed_writer_left_is_removed_by_the_next_write_once_stale(tmp_path):
+    """A writer killed between writing and renaming leaves its temporary file beside the target; the next
+    write removes it once it is STALE_TMP_S old, and leaves a young one (another writer's, under way) and
+    other files' temporary files alone."""
+    import os
+
+    from vllm_ascend import json_file
+
+    stale, young = tmp_path / "profile.json1a2b.tmp", tmp_path / "profile.json3c4d.tmp"
+    other = tmp_path / "probes.json5e6f.tmp"
+    for leftover in (stale, young, other):
+        leftover.write_text("{")
+    old = os.stat(stale).st_mtime - json_file.STALE_TMP_S - 60
+    os.utime(stale, (old, old))
+    os.utime(other, (old, old))
+    json_file.write_json_atomically(tmp_path / "profile.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["probes.json5e6f.tmp", "profile.json", young.name]

@@ -279,7 +279,6 @@ class CppPolicy:
                 if batch.model is not None and batch.model is not now:  # in flight when a correction came
                     error -= math.log(now.batch_time_ms(pairs) / batch.model.batch_time_ms(pairs))
                 self._pace_errors.append((error, pairs))
-                self._keep_pace()
             model = self.calibration.record(pairs, float(measured_ms))
             if model is not None:
                 # The new model predicts those steps otherwise: their errors move by as much, and the pace
@@ -293,6 +292,7 @@ class CppPolicy:
                     maxlen=PACE_WINDOW,
                 )
                 self.budget.rule = self.rule.with_model(model)
+            if batch.paced or model is not None:
                 self._keep_pace()
         return batch
 

@@ -65,19 +65,23 @@ def _read_text(path: Path) -> str:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
-def _cells(path: Path, n: int, line: str) -> list[str]:
-    """The cells of line ``n``; what csv refuses (a cell over its field limit) is named with file and line."""
+NUMBERS_ROW = "a CSV row of numbers"
+
+
+def csv_cells(line: str, where: str, row: str = "a CSV row") -> list[str]:
+    """The cells of one CSV line; a line csv refuses (a cell over its field limit) is a ValueError naming
+    ``where`` (file:line) and what the ``row`` should have been."""
     try:
-        return next(csv.reader([line]))
+        return next(csv.reader([line]), [])
     except csv.Error as error:
-        raise ValueError(f"{path}:{n}: not a CSV row of numbers ({error})") from None
+        raise ValueError(f"{where}: not {row} ({error})") from None
 
 
 def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
     """Rows of ``chunk_tokens,history_tokens,latency_ms``; every value checked, an error names file and line."""
     lines = [(n, line) for n, line in enumerate(_read_text(path).splitlines(), 1) if line.strip()]
     lines = [(n, line) for n, line in lines if not line.lstrip().startswith("#")]
-    header = [name.strip() for name in _cells(path, *lines[0])] if lines else []
+    header = [name.strip() for name in csv_cells(lines[0][1], f"{path}:{lines[0][0]}", NUMBERS_ROW)] if lines else []
     missing = [name for name in CSV_COLUMNS if name not in header]
     if missing:
         raise ValueError(
@@ -87,7 +91,7 @@ def load_csv_points(path: Path) -> list[tuple[int, int, float]]:
     columns = [header.index(name) for name in CSV_COLUMNS]
     points = []
     for n, line in lines[1:]:
-        cells = _cells(path, n, line)
+        cells = csv_cells(line, f"{path}:{n}", NUMBERS_ROW)
         if len(cells) != len(header):
             raise ValueError(f"{path}:{n}: {len(cells)} value(s), the header names {len(header)}")
         points.append(measured_point(*(cells[i].strip() for i in columns), where=f"{path}:{n}"))

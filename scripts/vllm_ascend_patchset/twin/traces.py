@@ -29,7 +29,6 @@ cache does not hold (``cached_prefix_tokens``): a hit costs no prefill compute.
 
 from __future__ import annotations
 
-import csv
 import itertools
 import json
 import math
@@ -41,6 +40,7 @@ from datetime import datetime
 from pathlib import Path
 
 from .surface import Surface
+from .surface_files import csv_cells
 from .workloads import TRACE_BLOCK_TOKENS, RequestSpec, Workload, prefill_tokens_per_s
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
@@ -234,18 +234,10 @@ def _cell_tokens(text: str, where: str, name: str, low: int) -> int:
         raise ValueError(f"{where}: {name} {text.strip()!r} must be a whole number >= {low}") from None
 
 
-def _cells(line: str, where: str) -> list[str]:
-    """One CSV line's cells; a line csv itself refuses (a cell over its field limit) is named by file:line."""
-    try:
-        return next(csv.reader([line]), [])
-    except csv.Error as exc:
-        raise ValueError(f"{where}: not a CSV row ({exc})") from None
-
-
 def _azure(path: Path, handle, start: int) -> Iterator[TraceRecord]:
     rows = _rows(handle)
     header_no, header_line = next(rows, (1, ""))
-    header = [name.strip() for name in _cells(header_line, f"{path}:{header_no}")]
+    header = [name.strip() for name in csv_cells(header_line, f"{path}:{header_no}")]
     missing = [name for name in AZURE_COLUMNS if name not in header]
     if missing:
         raise ValueError(f"{path}:{header_no}: header lacks {', '.join(missing)}; expected {','.join(AZURE_COLUMNS)}")
@@ -254,7 +246,7 @@ def _azure(path: Path, handle, start: int) -> Iterator[TraceRecord]:
         if index < start:  # before the slice: counted, not read
             continue
         where = f"{path}:{line_no}"
-        cells = _cells(line, where)
+        cells = csv_cells(line, where)
         if len(cells) != len(header):
             raise ValueError(f"{where}: {len(cells)} value(s), the header names {len(header)}")
         yield TraceRecord(

@@ -9,7 +9,9 @@ and up in 1-1.5-2 steps: 64, 96, 128, 192, ...), and prints ours' TTFT over:
 
 - the optimum: the least TTFT any chunking within the token budget can reach
   (twin/optimum.py, a certified lower bound that ignores the engine's limit of P
-  batches in flight);
+  batches in flight). Where ours is over 1.03x that bound, the bound under the limit
+  (twin/in_flight_bound.py, certified too, and slower) replaces it, on a line of its own
+  under the case;
 - the engine's optimum: the best of the optimum's chunkings under that limit (a
   schedule the engine can run; ours may beat it);
 - the best fixed chunk of the sweep, and upstream's CPP.
@@ -29,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the tooling package
 from vllm_ascend_patchset.paths import DATA_DIR, ROOT  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
+from vllm_ascend_patchset.twin.in_flight_bound import in_flight_lower_ms  # noqa: E402
 from vllm_ascend_patchset.twin.optimum import optimum  # noqa: E402
 from vllm_ascend_patchset.twin.options import (  # noqa: E402
     LONGEST_REQUEST_TOKENS,
@@ -74,13 +77,17 @@ def run_surface(spec: str, bases: list[int], prompts: list[int], stages: list[in
         fixed = min(ms for (kind, _), ms in ttft.items() if kind == "fixed")
         ours = next((ms for (kind, _), ms in ttft.items() if kind == "ours"), float("nan"))
         upstream = next((ms for (kind, _), ms in ttft.items() if kind == "upstream"), float("nan"))
+        lower = best.lower_ms
+        if ours / lower > OPTIMUM_GATE:  # the flow-shop bound leaves ours over the gate: the limit may explain it
+            lower = max(lower, in_flight_lower_ms(surface, prompt, num_stages, lower, best.in_flight_ms, base))
         rows.append(
             {
                 "surface": spec,
                 "base": base,
                 "prompt": prompt,
                 "stages": num_stages,
-                "vs_optimum": ours / best.lower_ms,
+                "vs_optimum": ours / lower,
+                "in_flight_bound": lower / best.lower_ms if lower > best.lower_ms else None,
                 "vs_engine_optimum": ours / best.in_flight_ms,
                 "vs_fixed": ours / fixed,
                 "vs_upstream": ours / upstream,
@@ -125,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                 f" {row['vs_upstream']:10.4f}",
                 flush=True,
             )
+            if row["in_flight_bound"]:
+                lifted = row["in_flight_bound"]
+                print(f"    optimum under the in-flight limit: {lifted:.4f}x the flow-shop bound", flush=True)
             optimum_miss = row["vs_optimum"] > OPTIMUM_GATE and row["vs_engine_optimum"] > 1.0
             if optimum_miss or row["vs_fixed"] > FIXED_GATE:
                 misses.append(row)

@@ -60,7 +60,7 @@ class Optimum:
 
 
 @functools.lru_cache(maxsize=2)
-def _rows(surface: Surface, prompt_tokens: int, max_units: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def grid_rows(surface: Surface, prompt_tokens: int, max_units: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """rows[s]: the times of chunks of 1, 2, ... grid units starting at grid position s, and their running maximum.
 
     A measured surface may dip where its medians did: the times are the surface's own (a
@@ -143,7 +143,7 @@ def optimum(
     max_units = -(-prompt_tokens // GRID_TOKENS)
     if base_chunk_tokens is not None:
         max_units = max(1, min(max_units, int(base_chunk_tokens) // GRID_TOKENS))
-    rows = _rows(surface, prompt_tokens, max_units)
+    rows = grid_rows(surface, prompt_tokens, max_units)
     sums: dict[float, float] = {}
 
     def least(cap_ms: float) -> float:

@@ -127,12 +127,6 @@ def check_dual_stream_config(parser: argparse.ArgumentParser, args: argparse.Nam
     """The dual-stream server's section through the server's own parser, and against the batch budget as the
     server checks it, so what it refuses stops the script here, not after the whole single-stream run."""
     budget = serve_budget(args)
-    if args.length_threshold is not None and budget is not None and 2 * args.length_threshold > budget:
-        parser.error(
-            f"--length-threshold {args.length_threshold}: must be <= {budget // 2}, half of {BUDGET_FLAG} "
-            f"({budget}, from --serve-arg): both micro-batches need this many tokens, so no batch would ever be "
-            f"split and the dual-stream server refuses it; lower it or raise {BUDGET_FLAG}"
-        )
     if args.length_threshold is not None and budget is None and 2 * args.length_threshold > SMALLEST_DEFAULT_BUDGET:
         print(
             f"warning: --length-threshold {args.length_threshold} is above half of {SMALLEST_DEFAULT_BUDGET}, the "
@@ -149,12 +143,9 @@ def check_dual_stream_config(parser: argparse.ArgumentParser, args: argparse.Nam
     except ValueError as error:
         named = [flag for key, flag in CONFIG_FLAGS.items() if f"{module.CONFIG_KEY}.{key}=" in str(error)]
         parser.error(f"{', '.join(named or CONFIG_FLAGS.values())}: the dual-stream server refuses it:\n{error}")
-    if args.length_threshold is None and budget is not None and budget // 2 < module.MEASURE_FLOOR:
-        parser.error(
-            f"--serve-arg '{BUDGET_FLAG} {budget}': without --length-threshold the dual-stream server measures its "
-            f"gate from {module.MEASURE_FLOOR} tokens per micro-batch, more than half of {budget}, and refuses it; "
-            f"give --length-threshold <= {max(1, budget // 2)} or raise {BUDGET_FLAG} to >= {2 * module.MEASURE_FLOOR}"
-        )
+    for why in module.budget_problems(args.length_threshold, budget) if budget is not None else []:
+        given = f"--length-threshold {args.length_threshold}" if args.length_threshold else "without --length-threshold"
+        parser.error(f"{given} and --serve-arg '{BUDGET_FLAG} {budget}': the dual-stream server refuses it: {why}")
 
 
 def additional_config(args: argparse.Namespace, variant: Variant) -> dict:

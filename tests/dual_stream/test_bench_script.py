@@ -133,13 +133,15 @@ def _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, argv):
     return err
 
 
+@pytest.mark.full_tier("the script checks the budget with the dual-stream config module, which imports vLLM")
 def test_a_length_threshold_above_half_the_budget_stops_the_script_before_any_server(
     bench, monkeypatch, capsys, tmp_path
 ):
     """The dual-stream server refused it at its start, after the whole single-stream run."""
     for budget in (["--serve-arg", "--max-num-batched-tokens 4096"], ["--serve-arg=--max-num-batched-tokens=4096"]):
         err = _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, ["--length-threshold", "2049", *budget])
-        assert "error: --length-threshold 2049: must be <= 2048, half of --max-num-batched-tokens (4096" in err
+        assert "error: --length-threshold 2049 and --serve-arg '--max-num-batched-tokens 4096': the dual-stream " in err
+        assert "server refuses it: must be <= 2048, half of --max-num-batched-tokens (4096" in err
     args = bench.parse_args(["--model", "m", "--length-threshold", "2048", "--serve-arg", "--max-num-batched-tokens 4k",
                              "--serve-arg", "--max-num-batched-tokens 4096"])  # fmt: skip
     assert bench.serve_budget(args) == 4096  # the last one given is vLLM's
@@ -153,7 +155,7 @@ def test_a_budget_too_small_for_the_measured_gate_stops_the_script_before_any_se
     bench, monkeypatch, capsys, tmp_path
 ):
     err = _refused_before_any_server(bench, monkeypatch, capsys, tmp_path, ["--serve-arg=--max-num-batched-tokens 200"])
-    assert "error: --serve-arg '--max-num-batched-tokens 200': without --length-threshold the dual-stream server" in err
-    assert "give --length-threshold <= 100 or raise --max-num-batched-tokens to >= 256" in err
+    assert "error: without --length-threshold and --serve-arg '--max-num-batched-tokens 200': the dual-stream" in err
+    assert "Set length_threshold to at most 100 or raise --max-num-batched-tokens to at least 256" in err
     args = bench.parse_args(["--model", "m", "--length-threshold", "100", "--serve-arg=--max-num-batched-tokens 200"])
     assert args.length_threshold == 100 and capsys.readouterr().err == ""

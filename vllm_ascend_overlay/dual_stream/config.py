@@ -175,6 +175,24 @@ VLLM_CONFLICTS = (
 _MISSING = object()
 
 
+def budget_problems(length_threshold: int | None, budget: int) -> list[str]:
+    """Why a batch budget of ``budget`` tokens (--max-num-batched-tokens) would never see a batch split, if it
+    would: a sentence each, for ``length_threshold`` given or measured (None). Pure: the serving scripts ask it too."""
+    if length_threshold is not None and 2 * length_threshold > budget:
+        return [
+            f"must be <= {budget // 2}, half of --max-num-batched-tokens ({budget}): both micro-batches need this "
+            "many tokens and a batch holds at most --max-num-batched-tokens, so no batch would ever be split. "
+            "Lower it or raise --max-num-batched-tokens"
+        ]
+    if length_threshold is None and budget // 2 < MEASURE_FLOOR:
+        return [
+            f"measuring starts at {MEASURE_FLOOR} tokens per micro-batch, but --max-num-batched-tokens ({budget}) "
+            f"leaves at most {budget // 2}, so no batch would ever be split. Set length_threshold to at most "
+            f"{max(1, budget // 2)} or raise --max-num-batched-tokens to at least {2 * MEASURE_FLOOR}"
+        ]
+    return []
+
+
 def _read_flag(config: Any, path: str) -> Any:
     """``config.<path>``; an error naming the flag when the pinned release has no such attribute."""
     value = config
@@ -250,28 +268,8 @@ def _validated(ascend_config: Any, vllm_config: Any) -> DualStreamConfig:
             f"model then receives one metadata per micro-batch. Either serve without it or disable {CONFIG_KEY}."
         )
     budget = vllm_config.scheduler_config.max_num_batched_tokens
-    if config.length_threshold is not None and 2 * config.length_threshold > budget:
-        problems.append(
-            problem(
-                CONFIG_KEY,
-                "length_threshold",
-                config.length_threshold,
-                f"must be <= {budget // 2}, half of --max-num-batched-tokens ({budget}): both micro-batches "
-                "need this many tokens and a batch holds at most --max-num-batched-tokens, so no batch would "
-                "ever be split. Lower it or raise --max-num-batched-tokens",
-            )
-        )
-    if config.measured and budget // 2 < MEASURE_FLOOR:
-        problems.append(
-            problem(
-                CONFIG_KEY,
-                "length_threshold",
-                None,
-                f"measuring starts at {MEASURE_FLOOR} tokens per micro-batch, but --max-num-batched-tokens "
-                f"({budget}) leaves at most {budget // 2}, so no batch would ever be split. Set length_threshold "
-                f"to at most {max(1, budget // 2)} or raise --max-num-batched-tokens to at least {2 * MEASURE_FLOOR}",
-            )
-        )
+    problems += [problem(CONFIG_KEY, "length_threshold", config.length_threshold, why)
+                 for why in budget_problems(config.length_threshold, budget)]  # fmt: skip
     problems += _conflicts(ascend_config, vllm_config)
     raise_problems(CONFIG_KEY, problems)
     global _warned_tp1

@@ -29,8 +29,11 @@ reversed, each pruning with the table of least prefix makespans the other one le
 the states it kept: a chunking it dropped takes >= theta anyway). A pass that ends with no
 completion below theta certifies that every chunking takes >= theta; otherwise its least
 completion (below theta) is itself a valid bound. ``in_flight_lower_ms`` bisects theta
-between the flow-shop bound and an achievable makespan. With no merging the programme is
-exact (tests check it against every chunking of small problems).
+between the flow-shop bound and an achievable makespan: the highest theta certified, a
+bound, not the optimum itself (merging may stop short of it). With max_states never
+reached, states merge only on the first grid (``MERGE_SHARE`` of the least stage time):
+the result is then the least makespan to within that grid per chunk (tests check it
+against every chunking of small problems).
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ import numpy as np
 from .optimum import GRID_TOKENS, grid_rows
 from .surface import Surface
 
-MERGE_MS = 0.02  # first merging grid; doubled at a position until max_states remain
-_HASH = np.random.default_rng(0).integers(1, 2**62, size=256, dtype=np.int64)  # up to P = 128
+MERGE_SHARE = 1e-3  # first merging grid, of the least stage time; doubled at a position until max_states remain
+MAX_STAGES = 128
+_HASH = np.random.default_rng(0).integers(1, 2**62, size=2 * MAX_STAGES, dtype=np.int64)
 
 
 def _flow_shop_tails(times: list[np.ndarray], units: int, num_stages: int, caps: int = 64) -> np.ndarray:
@@ -74,25 +78,30 @@ def _pass(times: list[np.ndarray], num_stages: int, theta: float, rest: np.ndarr
     units, stages = len(times), num_stages
     tails = _flow_shop_tails(times, units, stages)
     tau_min = np.minimum.accumulate(np.array([row.min() for row in times])[::-1])[::-1] / stages
+    grid = [MERGE_SHARE * float(tau_min[0])]  # the merging grid: the last one used, the next start
+
+    def kept(state: np.ndarray, x: int) -> np.ndarray:
+        """The states at position x that may still complete below theta."""
+        entry = np.maximum(state[:, 0], state[:, stages])  # stage 0 free, and the batch P places ahead done
+        bound = entry + max(tails[x, 0], rest[x])
+        for s in range(1, stages):
+            bound = np.maximum(bound, state[:, s] + tails[x, s])
+        return state[bound < theta]
+
+    def compact(parts: list[np.ndarray], x: int) -> np.ndarray:
+        state = np.concatenate(parts)
+        _canonical(state, stages, tau_min[x])
+        return _merged(state, max_states, grid)
+
     prefix = np.full(units + 1, np.inf)
     prefix[0] = 0.0
     arriving: dict[int, list[np.ndarray]] = {0: [np.zeros((1, 2 * stages))]}
     final = math.inf
     for x in range(units):
-        if x not in arriving:
-            continue
-        state = np.concatenate(arriving.pop(x))
-        entry = np.maximum(state[:, 0], state[:, stages])  # stage 0 free, and the batch P places ahead done
-        bound = entry + max(tails[x, 0], rest[x])
-        for s in range(1, stages):
-            bound = np.maximum(bound, state[:, s] + tails[x, s])
-        state = state[bound < theta]
+        state = kept(np.concatenate(arriving.pop(x, [np.empty((0, 2 * stages))])), x)
         if not len(state):
             continue
-        if x:
-            prefix[x] = float(state[:, stages - 1].min())
-        _canonical(state, stages, tau_min[x])
-        state = _merged(state, max_states)
+        state = compact([state], x)
         row = times[x]
         for size in range(1, len(row) + 1):
             stage_ms = row[size - 1] / stages
@@ -105,8 +114,16 @@ def _pass(times: list[np.ndarray], num_stages: int, theta: float, rest: np.ndarr
             after[:, 2 * stages - 1] = done
             if x + size == units:
                 final = min(final, float(done.min()))
-            else:
-                arriving.setdefault(x + size, []).append(after)
+                continue
+            after = kept(after, x + size)  # pruned on arrival, and merged while waiting: memory stays bounded
+            if not len(after):
+                continue
+            # the prefix's own makespan, before a canonical form raises it (a merged parent only lowers it)
+            prefix[x + size] = min(prefix[x + size], float(after[:, stages - 1].min()))
+            parts = arriving.setdefault(x + size, [])
+            parts.append(after)
+            if sum(len(part) for part in parts) > 4 * max_states:
+                parts[:] = [compact(parts, x + size)]
     prefix[units] = final
     return (final if final < theta else math.inf), prefix
 
@@ -126,9 +143,10 @@ def _canonical(state: np.ndarray, stages: int, tau_min: float) -> None:
         np.maximum(state[:, stages + j - 1], state[:, 0] + (j - 1) * tau_min, out=state[:, stages + j - 1])
 
 
-def _merged(state: np.ndarray, max_states: int) -> np.ndarray:
-    """States alike to within q replaced by their componentwise least, q doubled until at most max_states remain."""
-    step = MERGE_MS
+def _merged(state: np.ndarray, max_states: int, grid: list[float]) -> np.ndarray:
+    """States alike to within a grid step replaced by their componentwise least; the step doubles until at most
+    max_states remain. ``grid`` holds the first step and the last one used (the next call starts a quarter of it)."""
+    step = max(grid[0], grid[-1] / 4)
     weights = _HASH[: state.shape[1]]
     while True:
         keys = np.floor(state / step).astype(np.int64) @ weights  # a collision only merges more: still valid
@@ -136,6 +154,7 @@ def _merged(state: np.ndarray, max_states: int) -> np.ndarray:
         if len(unique) <= max_states:
             break
         step *= 2
+    grid[1:] = [step]
     merged = np.full((len(unique), state.shape[1]), np.inf)
     np.minimum.at(merged, groups.ravel(), state)
     return merged
@@ -150,8 +169,22 @@ def _reversed(times: list[np.ndarray]) -> list[np.ndarray]:
     ]
 
 
+def _check(times: list[np.ndarray], num_stages: int, max_states: int) -> None:
+    """A ValueError naming what the programme cannot take (a bound from it would be no bound)."""
+    if not times:
+        raise ValueError("no chunk times: the prompt needs at least one token")
+    if not 1 <= num_stages <= MAX_STAGES:
+        raise ValueError(f"num_stages {num_stages}: give 1 to {MAX_STAGES}")
+    if max_states < 1:
+        raise ValueError(f"max_states {max_states}: give at least 1")
+    least = min(float(row.min()) for row in times)
+    if not (least > 0 and all(np.isfinite(row).all() for row in times)):
+        raise ValueError(f"chunk times must be finite and > 0 (least {least}): the surface gives no such time")
+
+
 def certified_at(times: list[np.ndarray], num_stages: int, theta: float, max_states: int, max_passes: int) -> float:
     """A valid lower bound of the least makespan, theta itself when a pass certifies it."""
+    _check(times, num_stages, max_states)
     backward = _reversed(times)
     rest = np.zeros(len(times) + 1)
     best = 0.0
@@ -183,12 +216,18 @@ def in_flight_lower_ms(
 
     Equal stage shares; chunks on optimum.py's grid, at most ``base_chunk_tokens``.
     """
+    if prompt_tokens < 1:
+        raise ValueError(f"prompt_tokens {prompt_tokens}: give at least 1")
+    if not 0 < lower_ms <= upper_ms < math.inf:
+        raise ValueError(f"need 0 < lower_ms <= upper_ms < inf, got {lower_ms} and {upper_ms}")
     units = -(-prompt_tokens // GRID_TOKENS)
     max_units = units if base_chunk_tokens is None else max(1, min(units, int(base_chunk_tokens) // GRID_TOKENS))
     times = [row for row, _ in grid_rows(surface, prompt_tokens, max_units)]
     low, high = float(lower_ms), float(upper_ms)
-    if certified_at(times, num_stages, high, max_states, max_passes) >= high:
+    found = certified_at(times, num_stages, high, max_states, max_passes)
+    if found >= high:
         return high
+    low = max(low, found)
     while high > low * (1.0 + rel_tol):
         middle = math.sqrt(low * high)
         found = certified_at(times, num_stages, middle, max_states, max_passes)

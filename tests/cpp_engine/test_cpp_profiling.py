@@ -246,6 +246,13 @@ def test_cpp_settings_nested_in_a_section_are_left_out_too_and_the_sections_othe
     assert config.additional_config["scheduler_config"]["profiling_chunk_config"]["smooth_factor"] == 0.5
     nested["enable_balance_scheduling"] = True
     assert deployment.fingerprint_for(config) != base
+    # A section holding only CPP's, an empty one and none are one configuration: one profile, not three.
+    config.additional_config = {"scheduler_config": {"profiling_chunk_config": {"enabled": True}}}
+    alone = deployment.fingerprint_for(config)
+    config.additional_config = {"scheduler_config": {}, "profiling_chunk_config": {"enabled": True}}
+    assert deployment.fingerprint_for(config) == alone
+    config.additional_config = {"profiling_chunk_config": {"enabled": True}}
+    assert deployment.fingerprint_for(config) == alone
 
 
 def test_another_profile_schema_is_another_file(tmp_path, monkeypatch):

@@ -20,7 +20,8 @@ The engine keeps at most P batches in flight: a batch cannot enter stage 0 befor
 batch P places ahead has left the last stage, so a schedule whose chunk times fall can
 take longer than the formula. ``Optimum.in_flight_ms`` is the best makespan under that
 rule among the DP's optimal chunkings of every cap evaluated: a schedule the engine can
-run, so the engine's own best lies between ``lower_ms`` and it.
+run, so the engine's own best lies between ``lower_ms`` and it (in_flight_bound.py certifies a
+bound under the rule, closer to it).
 
 With uneven stage shares (``--layers``) the formula does not hold; the DP's chunkings
 are then evaluated on the real shares (exact flow-shop makespan, without and with the

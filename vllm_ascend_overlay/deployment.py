@@ -112,7 +112,7 @@ def _execution(vllm_config: Any) -> dict:
         if isinstance(value, dict) and CPP_SECTION in value:
             additional[key] = {name: setting for name, setting in value.items() if name != CPP_SECTION}
     # an empty section is no section: every setting of it at its default (CPP's alone in it, or `{}` given)
-    additional = {key: value for key, value in additional.items() if value != {}}
+    additional = {key: value for key, value in additional.items() if not (isinstance(value, dict) and not value)}
     dual_stream = additional.pop("dual_stream_config", None)
     try:
         settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()

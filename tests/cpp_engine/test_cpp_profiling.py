@@ -267,3 +267,5 @@ def test_an_additional_config_json_cannot_sort_still_has_a_fingerprint(tmp_path)
     config = helpers.make_vllm_config(tmp_path)
     config.additional_config = {"a": 1, 2: "b"}  # keys of mixed types: json.dumps(sort_keys=True) raises
     assert deployment.fingerprint_for(config) == deployment.fingerprint_for(config)
+    config.additional_config = {"a": np.array([1, 2]), "b": {}}  # (the API takes any value; `!=` can raise)
+    assert deployment.fingerprint_for(config) == deployment.fingerprint_for(config)

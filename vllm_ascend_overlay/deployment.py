@@ -106,13 +106,17 @@ def _execution(vllm_config: Any) -> dict:
     parallel, cache = vllm_config.parallel_config, vllm_config.cache_config
     additional = getattr(vllm_config, "additional_config", None)
     additional = dict(additional) if isinstance(additional, dict) else {}
-    # CPP's settings change no forward pass, at the top or in a section (upstream main's scheduler_config)
-    additional.pop(CPP_SECTION, None)
-    for key, value in additional.items():
-        if isinstance(value, dict) and CPP_SECTION in value:
-            additional[key] = {name: setting for name, setting in value.items() if name != CPP_SECTION}
+    # CPP's settings change no forward pass, at the top or in a section (upstream main's scheduler_config);
     # an empty section is no section: every setting of it at its default (CPP's alone in it, or `{}` given)
-    additional = {key: value for key, value in additional.items() if not (isinstance(value, dict) and not value)}
+    sections = {}
+    for key, value in additional.items():
+        if isinstance(value, dict):
+            value = {name: setting for name, setting in value.items() if name != CPP_SECTION}
+            if not value:
+                continue
+        if key != CPP_SECTION:
+            sections[key] = value
+    additional = sections
     dual_stream = additional.pop("dual_stream_config", None)
     try:
         settings = json.dumps(additional, sort_keys=True, default=lambda value: type(value).__name__).encode()

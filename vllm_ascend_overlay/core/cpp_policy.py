@@ -26,6 +26,7 @@ Pure Python and numpy: no vLLM.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 import queue
@@ -306,9 +307,9 @@ class CppPolicy:
         # operator compiled for a new shape): no bound the pace can set keeps them within the target, and of
         # few steps the quantile would be one of them, for the hundreds of steps it stays here. A majority
         # is the device: the pace then tightens all it can while the model is corrected.
-        beyond = sum(error > math.log(MAX_PACE_FACTOR) for error in errors)
-        if 2 * beyond < len(errors):
-            errors = errors[: len(errors) - beyond]
+        within = bisect.bisect_right(errors, math.log(MAX_PACE_FACTOR))  # (sorted: the stalls are its tail)
+        if 2 * within > len(errors):
+            errors = errors[:within]
         if len(errors) < PACE_MIN_STEPS:
             self.budget.pace(1.0)
         else:

@@ -155,7 +155,7 @@ def test_the_cpp_docs_thresholds_are_the_codes():
     says("docs/design-cpp.md", f"by more than {a.FALL_SIGMAS:g} standard errors of the two medians")
     says("docs/design-cpp.md", f"by more than {a.STEP_TOKENS} tokens' worth at the steeper slope measured to the sizes")
     says("docs/cpp.md", f"({cpp_chunk_rule.DEFAULT_FLOOR_TOKENS} tokens by default, rounded up to a measured tile)")
-    says("docs/cpp.md", "the T of the least predicted mean end-to-end latency of the requests in")
+    says("docs/cpp.md", "T minimises the predicted mean end-to-end latency of the requests in flight")
     says(
         "docs/cpp.md",
         f"(the ratio nine in ten of the latest {cpp_policy.PACE_WINDOW} reach; steps over "

@@ -17,6 +17,7 @@ from vllm_ascend.core.cpp_traffic import (
     TRAFFIC_WINDOW,
     Load,
     Traffic,
+    chunk_for_decodes,
     fixed_chunk_batch_ms,
     fixed_chunk_ttft_ms,
     queue_wait_ms,
@@ -223,7 +224,7 @@ def test_with_decodes_the_target_is_bounded_by_the_tuned_chunk(truth, stages):
     held = [(0, 60_000), (0, 12_000)]
     fixed_ms = rule.model.fixed_ms + 2.0
     load = Load(2e-4, 0.2, PROMPTS)
-    tuned = tuned_fixed_chunk(rule, load, fixed_ms, len(held), TUNED_CHUNK_SLACK)
+    tuned = chunk_for_decodes(rule, load, fixed_ms, len(held), TUNED_CHUNK_SLACK)
     bound = fixed_chunk_batch_ms(rule, held, tuned, fixed_ms)
     low, high = target_bounds(rule, held, fixed_ms)
     alone = plan_target(rule, held, fixed_ms=fixed_ms, load=load).target_ms
@@ -340,8 +341,8 @@ def test_a_burst_does_not_lengthen_the_batches_decodes_wait_for():
     rule = rule_for(TRUE, 4)
     held = [(0, 60_000), (0, 12_000)]
     fixed_ms = rule.model.fixed_ms + 2.0
-    steady = tuned_fixed_chunk(rule, Load(1e-4, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
-    burst = tuned_fixed_chunk(rule, Load(5e-3, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
+    steady = chunk_for_decodes(rule, Load(1e-4, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
+    burst = chunk_for_decodes(rule, Load(5e-3, 0.1, PROMPTS), fixed_ms, len(held), TUNED_CHUNK_SLACK)
     assert burst > steady  # the premise: a burst alone would tune a larger chunk
     load = Load(5e-3, 0.1, PROMPTS, steady_per_ms=1e-4, steady_error=0.1)
     assert plan_target(rule, held, fixed_ms=fixed_ms, decoding=4, load=load).batch_tokens == steady

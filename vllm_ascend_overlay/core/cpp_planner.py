@@ -42,18 +42,19 @@ token of the prefills the scheduler holds, given P stages:
    sweep are weighed the same way, and the best runs: never behind the simple alternative.
 4. Decodes ride in the same batches and wait for each one, so their inter-token latency
    grows with T. When requests are decoding, T is at most the mean batch time the held
-   and queued prefills would get under the fixed chunk tuned for this traffic (the
-   smallest chunk whose predicted mean TTFT, at the traffic's steady arrival rate and
-   with the same queue, is within ``TUNED_CHUNK_SLACK`` of the least, walking down from
-   the least, never across a hump: the chunk a user
-   would tune by hand, who near the flat bottom of that curve takes the smaller size for
-   the shorter batches, and whose prediction is no sharper than that; read where the
-   curve crosses that bound between profiled sizes, so a small change in the model moves
-   it a little, not a ladder step; a fixed chunk packs short prompts into one batch), no
-   chunk is larger than that chunk (the plan's C*(H) is capped by it) and the prefills of
-   one batch share that many tokens
-   (``Plan.batch_tokens``), so at any history no batch is longer than that chunk's would
-   be there: decodes wait no longer than under it, wherever in a prompt they fall.
+   and queued prefills would get under rule 4's chunk (``chunk_for_decodes``), no chunk is
+   larger than that chunk (the plan's C*(H) is capped by it) and the prefills of one batch
+   share that many tokens (``Plan.batch_tokens``), so at any history no batch is longer than
+   that chunk's would be there: decodes wait no longer than under it, wherever in a prompt
+   they fall. Rule 4's chunk lies between the fixed chunk tuned for this traffic (the
+   least predicted mean TTFT at the traffic's steady arrival rate, with the same queue; a
+   fixed chunk packs short prompts into one batch) and the smallest chunk within
+   ``TUNED_CHUNK_SLACK`` of that least, walking down from it and never across a hump (read
+   where the curve crosses that bound between profiled sizes, so a small change in the
+   model moves it a little, not a ladder step): the one of the least product of the
+   predicted mean TTFT and the decodes' pace. A smaller chunk is taken only where it
+   shortens a decode's time per token by a larger share than it lengthens TTFT: not where
+   a batch's fixed cost dominates it, nor where prefills fill few of the steps.
    Within that bound the planner still chooses the chunks, by an explicit objective: the
    predicted mean end-to-end latency of the requests in flight, the prefills' TTFT plus
    what the decodes wait for the prefills' share of each batch (``decodes_wait_ms``: a
@@ -89,10 +90,10 @@ from vllm_ascend.core.cpp_traffic import (
     PROMPT_NODES,
     PROMPT_WEIGHTS,
     Load,
+    chunk_for_decodes,
     fixed_chunk_batch_ms,
     prompt_work_ms,
     queue_wait_ms,
-    tuned_fixed_chunk,
 )
 
 __all__ = [
@@ -169,7 +170,7 @@ def plan_target(
         # chunk tuned for this traffic would make of the prefills held and queued, and no
         # chunk larger than that chunk, so that at any history no batch is longer than its.
         # A user tunes one chunk for the traffic at large: at its steady rate, not a burst's.
-        tuned = tuned_fixed_chunk(rule, load.steady(), fixed_ms, len(positions), TUNED_CHUNK_SLACK)
+        tuned = chunk_for_decodes(rule, load.steady(), fixed_ms, len(positions), TUNED_CHUNK_SLACK)
         efficient, batch_tokens = efficient.capped(tuned), int(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))
         if high <= low * (1.0 + 1e-6):

@@ -8,8 +8,9 @@
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
 - ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
   under a load is least, or with a slack the smallest chunk within that share of the least
-  down the least's own basin (the chunk a user would tune by hand; the planner asks at the
-  steady rate), and
+  down the least's own basin (the chunk a user would tune by hand);
+  ``chunk_for_decodes``: between those two, the chunk that gives the decodes (``decode_pace``)
+  a larger share than it takes of TTFT (the planner asks at the steady rate), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
   planner bounds the batch time by it while requests decode.
 
@@ -32,12 +33,15 @@ __all__ = [
     "MIN_ARRIVALS",
     "MIN_ROOM",
     "NO_LOAD",
+    "PACE_GRID",
     "PROMPT_NODES",
     "PROMPT_WEIGHTS",
     "STEADY_WINDOWS",
     "TRAFFIC_WINDOW",
     "Load",
     "Traffic",
+    "chunk_for_decodes",
+    "decode_pace",
     "fixed_chunk_batch_ms",
     "fixed_chunk_ttft_ms",
     "prompt_work_ms",
@@ -52,6 +56,7 @@ MIN_ROOM = 0.05  # the queue's wait is never taken closer to saturation than thi
 PROMPT_PANELS = 6  # Simpson panels per prefill
 PROMPT_NODES = np.linspace(0.0, 1.0, 2 * PROMPT_PANELS + 1)  # Simpson nodes over a prefill's remaining tokens
 PROMPT_WEIGHTS = np.array([1.0] + [4.0, 2.0] * (PROMPT_PANELS - 1) + [4.0, 1.0]) / (6.0 * PROMPT_PANELS)
+PACE_GRID = 9  # rule 4's chunk: sizes weighed between the slack's chunk and the least's (besides profiled ones)
 
 
 @dataclass(frozen=True)
@@ -169,31 +174,81 @@ def tuned_fixed_chunk(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     a chunk's tokens per millisecond count against the fill and drain it costs, and the
     more a large chunk's rise at depth, paid once per job, counts against it.
     """
+    return _tuned_range(rule, load, fixed_ms, pending, slack)[0]
+
+
+def chunk_for_decodes(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, slack: float) -> float:
+    """Rule 4's chunk while requests decode: of the chunks from ``tuned_fixed_chunk`` with ``slack``
+    up to the least predicted mean TTFT's, the one of the least product of the predicted mean TTFT
+    and the decodes' pace (``decode_pace``).
+
+    A smaller chunk shortens the batches decodes wait for and lengthens the prompts' TTFT; it is
+    taken only where it shortens a decode's time per token by a larger share than it lengthens
+    TTFT. Where a batch's fixed cost dominates it (a chunk's tokens add little to a step) or
+    prefills fill few of the steps, the decodes gain little and the chunk stays near the least;
+    where a chunk's tokens are most of a batch on a busy pipeline, it goes down to the slack.
+    The candidates are the profiled sizes between, and sizes between them on a geometric grid
+    (whole tiles, a model step's end), so a small change in the model moves the chunk a little.
+    """
+    lowest, least = _tuned_range(rule, load, fixed_ms, pending, slack)
+    if lowest >= least:
+        return lowest
+    between = [c for c in rule.model.chunk_tokens if lowest < c < least]
+    grid = {lowest, least, *between}
+    for tokens in np.geomspace(lowest, least, PACE_GRID)[1:-1]:
+        above = min([c for c in (*between, least) if c >= tokens])
+        grid.add(max(lowest, _whole(rule, tokens, above)))
+    sizes = np.array(sorted(grid), dtype=np.float64)
+    cost = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending, sizes) * decode_pace(rule, load, fixed_ms, sizes)
+    return float(sizes[int(np.argmin(cost))])
+
+
+def decode_pace(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray) -> np.ndarray:
+    """A decode's time per token under a fixed chunk of each of ``sizes``, over its time in batches of
+    decodes alone (``fixed_ms``): the share of steps that carry prefills (the load's arrival rate
+    times a job's time at that chunk, at most all of them; all of them while the rate is unknown)
+    take the mean batch that chunk makes of the load's jobs (``fixed_chunk_batch_ms``), the rest
+    ``fixed_ms``."""
+    work_ms = _job_times(rule, load, fixed_ms, sizes)[0].mean(axis=1)
+    busy = np.minimum(1.0, load.arrivals_per_ms * work_ms) if load.arrivals_per_ms > 0 else np.ones_like(work_ms)
+    batch_ms = np.array([fixed_chunk_batch_ms(rule, load.jobs, c, fixed_ms) for c in sizes])
+    return 1.0 + busy * (batch_ms / max(fixed_ms, 1e-9) - 1.0)
+
+
+def _tuned_range(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, slack: float) -> tuple[float, float]:
+    """``tuned_fixed_chunk`` with ``slack``, and the profiled size of the least predicted mean TTFT."""
     model, limits = rule.model, rule.limits
     sizes = np.array(
         [c for c in model.chunk_tokens if limits.floor_tokens <= c <= limits.cap_tokens] or [limits.cap_tokens],
         dtype=np.float64,
     )
     ttft_ms = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending, sizes)
-    bound = float(np.min(ttft_ms)) * (1.0 + max(0.0, slack))
+    least = int(np.argmin(ttft_ms))
+    bound = float(ttft_ms[least]) * (1.0 + max(0.0, slack))
     if not math.isfinite(bound):
         raise ValueError(f"the predicted mean TTFT of a fixed chunk is not finite: {ttft_ms.tolist()}")
-    first = int(np.argmin(ttft_ms))
+    first = least
     while first > 0 and ttft_ms[first - 1] <= bound:  # down the least's own basin, never across a hump
         first -= 1
     if first == 0 or slack <= 0.0 or not math.isfinite(ttft_ms[first - 1]):
-        return float(sizes[first])
+        return float(sizes[first]), float(sizes[least])
     above, within = float(ttft_ms[first - 1]), float(ttft_ms[first])
     share = (above - bound) / (above - within)  # in (0, 1]: above > bound >= within
     crossing = math.ceil(sizes[first - 1] * (sizes[first] / sizes[first - 1]) ** share - 1e-9)
-    granule = limits.granule_tokens  # a part of a tile costs a whole tile, a part of a step the whole step
-    ends = [s for s in model.step_lowers() if s >= crossing and s % granule == 0]  # (the step it falls in ends)
-    crossing = min(ends) if ends and min(ends) <= sizes[first] else -(-crossing // granule) * granule
-    return float(max(sizes[first - 1], min(sizes[first], crossing)))
+    return float(max(sizes[first - 1], _whole(rule, crossing, float(sizes[first])))), float(sizes[least])
 
 
-def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, sizes: np.ndarray) -> np.ndarray:
-    """The predicted mean TTFT under a fixed chunk of each of ``sizes``: ``tuned_fixed_chunk``'s curve."""
+def _whole(rule: ChunkRule, tokens: float, above: float) -> float:
+    """``tokens`` rounded up to whole tiles, or to the end of the model's step it falls in, at most ``above``
+    (the next profiled size): a part of a tile costs a whole tile, a part of a step the whole step."""
+    granule, tokens = rule.limits.granule_tokens, math.ceil(tokens - 1e-9)
+    ends = [s for s in rule.model.step_lowers() if s >= tokens and s % granule == 0]
+    whole = min(ends) if ends and min(ends) <= above else -(-tokens // granule) * granule
+    return float(min(above, whole))
+
+
+def _job_times(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per size and job of ``load``: its time under a fixed chunk of that size, its first batch and its last."""
     model = rule.model
     starts = np.array([float(h) for h, _ in load.jobs])[:, None]
     tokens = np.array([float(n) for _, n in load.jobs])
@@ -204,6 +259,12 @@ def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: i
     work_ms = own_ms + fixed_ms * tokens[None, :] / sizes[:, None]
     first_ms = fixed_ms + model.request_ms_many(chunk[:, :, 0], starts[None, :, 0])  # (sizes, jobs)
     last_ms = fixed_ms + model.request_ms_many(chunk[:, :, 0], histories[None, :, -1] - chunk[:, :, 0])
+    return work_ms, first_ms, last_ms
+
+
+def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, sizes: np.ndarray) -> np.ndarray:
+    """The predicted mean TTFT under a fixed chunk of each of ``sizes``: ``tuned_fixed_chunk``'s curve."""
+    work_ms, first_ms, last_ms = _job_times(rule, load, fixed_ms, sizes)
     stalls = rule.num_stages - 1
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)

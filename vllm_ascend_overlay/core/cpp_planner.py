@@ -166,10 +166,10 @@ def plan_target(
     batch_tokens = math.inf
     paced = decoding and rule.limits.decode_step_ms is not None  # the user's TPOT target bounds the batches
     if decoding and not paced:
-        # Decodes wait for every batch: none longer, on average, than the batches the fixed
-        # chunk tuned for this traffic would make of the prefills held and queued, and no
-        # chunk larger than that chunk, so that at any history no batch is longer than its.
-        # A user tunes one chunk for the traffic at large: at its steady rate, not a burst's.
+        # Decodes wait for every batch: none longer, on average, than the batches rule 4's chunk
+        # would make of the prefills held and queued, and no chunk larger than that chunk, so that
+        # at any history no batch is longer than its. It is chosen for the traffic at large: at its
+        # steady rate, not a burst's.
         tuned = chunk_for_decodes(rule, load.steady(), fixed_ms, len(positions), TUNED_CHUNK_SLACK)
         efficient, batch_tokens = efficient.capped(tuned), int(tuned)
         high = min(high, max(low, fixed_chunk_batch_ms(rule, held, tuned, fixed_ms, queued[1])))

@@ -7,8 +7,8 @@
   what arrives.
 - ``queue_wait_ms``: the mean wait of arrivals queueing for the pipeline as at one server.
 - ``tuned_fixed_chunk``: of the profiled sizes, the fixed chunk whose predicted mean TTFT
-  under a load is least, or with a slack the smallest chunk within that share of the least
-  down the least's own basin (the chunk a user would tune by hand);
+  under a load is least (the chunk a user would tune by hand), or with a slack the smallest
+  chunk within that share of the least down the least's own basin;
   ``chunk_for_decodes``: between those two, the chunk that gives the decodes (``decode_pace``)
   a larger share than it takes of TTFT (the planner asks at the steady rate), and
   ``fixed_chunk_batch_ms``: the mean batch that chunk makes of the prefills held. The
@@ -185,8 +185,10 @@ def chunk_for_decodes(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
     A smaller chunk shortens the batches decodes wait for and lengthens the prompts' TTFT; it is
     taken only where it shortens a decode's time per token by a larger share than it lengthens
     TTFT. Where a batch's fixed cost dominates it (a chunk's tokens add little to a step) or
-    prefills fill few of the steps, the decodes gain little and the chunk stays near the least;
+    prefills take little of the time, the decodes gain little and the chunk stays near the least;
     where a chunk's tokens are most of a batch on a busy pipeline, it goes down to the slack.
+    Until the arrival rate is measured the decodes count as beside prefills throughout (the held
+    ones), so the chunk moves up once it is, where prefills turn out to take little of the time.
     The candidates are the profiled sizes between, and sizes between them on a geometric grid
     (whole tiles, a model step's end), so a small change in the model moves the chunk a little.
     """
@@ -204,15 +206,22 @@ def chunk_for_decodes(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
 
 
 def decode_pace(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray) -> np.ndarray:
-    """A decode's time per token under a fixed chunk of each of ``sizes``, over its time in batches of
-    decodes alone (``fixed_ms``): the share of steps that carry prefills (the load's arrival rate
-    times a job's time at that chunk, at most all of them; all of them while the rate is unknown)
-    take the mean batch that chunk makes of the load's jobs (``fixed_chunk_batch_ms``), the rest
-    ``fixed_ms``."""
+    """The decodes' mean time per token under a fixed chunk of each of ``sizes``, over their time in
+    batches of decodes alone (``fixed_ms``).
+
+    A decode's tokens are short against a long prompt's prefill, so most decodes fall beside
+    prefills or beside none: a share ``u`` of them (the share of time the pipeline spends on
+    prefills, the arrival rate times a job's time at that chunk, at most 1) waits for the mean
+    batch the chunk makes of the load's jobs (``fixed_chunk_batch_ms``), the rest for ``fixed_ms``;
+    the mean over requests is 1 + u (B / fixed_ms - 1). While the rate is unknown, ``u`` is 1:
+    the decodes in flight see the prefills held now in every step.
+    """
+    if fixed_ms <= 0 or not load.jobs or min(n for _, n in load.jobs) <= 0 or np.min(sizes) <= 0:
+        raise ValueError(f"a decode pace needs fixed_ms > 0, jobs of > 0 tokens and sizes > 0: {fixed_ms}, {load.jobs}")
     work_ms = _job_times(rule, load, fixed_ms, sizes)[0].mean(axis=1)
     busy = np.minimum(1.0, load.arrivals_per_ms * work_ms) if load.arrivals_per_ms > 0 else np.ones_like(work_ms)
     batch_ms = np.array([fixed_chunk_batch_ms(rule, load.jobs, c, fixed_ms) for c in sizes])
-    return 1.0 + busy * (batch_ms / max(fixed_ms, 1e-9) - 1.0)
+    return 1.0 + busy * (batch_ms / fixed_ms - 1.0)
 
 
 def _tuned_range(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, slack: float) -> tuple[float, float]:

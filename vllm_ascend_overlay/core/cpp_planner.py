@@ -54,7 +54,7 @@ token of the prefills the scheduler holds, given P stages:
    model moves it a little, not a ladder step): the one of the least product of the
    predicted mean TTFT and the decodes' pace. A smaller chunk is taken only where it
    shortens a decode's time per token by a larger share than it lengthens TTFT: not where
-   a batch's fixed cost dominates it, nor where prefills fill few of the steps.
+   a batch's fixed cost dominates it, nor where prefills take little of the time.
    Within that bound the planner still chooses the chunks, by an explicit objective: the
    predicted mean end-to-end latency of the requests in flight, the prefills' TTFT plus
    what the decodes wait for the prefills' share of each batch (``decodes_wait_ms``: a

@@ -220,7 +220,7 @@ def decode_pace(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray)
         raise ValueError(f"a decode pace needs fixed_ms > 0, jobs of > 0 tokens and sizes > 0: {fixed_ms}, {load.jobs}")
     work_ms = _job_times(rule, load, fixed_ms, sizes)[0].mean(axis=1)
     busy = np.minimum(1.0, load.arrivals_per_ms * work_ms) if load.arrivals_per_ms > 0 else np.ones_like(work_ms)
-    batch_ms = np.array([fixed_chunk_batch_ms(rule, load.jobs, c, fixed_ms) for c in sizes])
+    batch_ms = _batch_ms_many(rule, load.jobs, np.asarray(sizes, dtype=np.float64), fixed_ms)
     return 1.0 + busy * (batch_ms / fixed_ms - 1.0)
 
 
@@ -291,10 +291,17 @@ def fixed_chunk_batch_ms(
     time rises with the history; a prefill's chunks start from its history to its end less
     one chunk); queued tokens cost the held ones' mean.
     """
-    starts = np.array([float(h) for h, _ in held])[:, None]
+    return float(_batch_ms_many(rule, held, np.array([float(chunk_tokens)]), fixed_ms, queued_tokens)[0])
+
+
+def _batch_ms_many(
+    rule: ChunkRule, held: Sequence[tuple[int, int]], sizes: np.ndarray, fixed_ms: float, queued_tokens: int = 0
+) -> np.ndarray:
+    """``fixed_chunk_batch_ms`` for each of ``sizes``, in one call of the model."""
+    starts = np.array([float(h) for h, _ in held])[None, :, None]
     remaining = np.array([float(r) for _, r in held])
-    chunk = np.minimum(float(chunk_tokens), remaining)[:, None]
-    histories = starts + (remaining[:, None] - chunk) * PROMPT_NODES[None, :]
+    chunk = np.minimum(sizes[:, None], remaining[None, :])[:, :, None]  # (sizes, held, 1)
+    histories = starts + (remaining[None, :, None] - chunk) * PROMPT_NODES[None, None, :]
     mean_ms = rule.model.request_ms_many(np.broadcast_to(chunk, histories.shape), histories) @ PROMPT_WEIGHTS
-    token_ms = float(mean_ms @ (remaining / chunk[:, 0])) / remaining.sum()
-    return fixed_ms + token_ms * min(float(chunk_tokens), remaining.sum() + max(0, queued_tokens))
+    token_ms = (mean_ms * (remaining[None, :] / chunk[:, :, 0])).sum(axis=1) / remaining.sum()
+    return fixed_ms + token_ms * np.minimum(sizes, remaining.sum() + max(0, queued_tokens))

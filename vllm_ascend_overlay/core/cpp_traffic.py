@@ -201,7 +201,9 @@ def chunk_for_decodes(rule: ChunkRule, load: Load, fixed_ms: float, pending: int
         above = min([c for c in (*between, least) if c >= tokens])
         grid.add(max(lowest, _whole(rule, tokens, above)))
     sizes = np.array(sorted(grid), dtype=np.float64)
-    cost = fixed_chunk_ttft_ms(rule, load, fixed_ms, pending, sizes) * decode_pace(rule, load, fixed_ms, sizes)
+    _check_pace(load, fixed_ms, sizes)
+    times = _job_times(rule, load, fixed_ms, sizes)  # one pass over the jobs for both factors
+    cost = _ttft_ms(rule, load, pending, times) * _pace(rule, load, fixed_ms, sizes, times[0])
     return float(sizes[int(np.argmin(cost))])
 
 
@@ -216,9 +218,18 @@ def decode_pace(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray)
     the mean over requests is 1 + u (B / fixed_ms - 1). While the rate is unknown, ``u`` is 1:
     the decodes in flight see the prefills held now in every step.
     """
+    _check_pace(load, fixed_ms, sizes)
+    return _pace(rule, load, fixed_ms, sizes, _job_times(rule, load, fixed_ms, sizes)[0])
+
+
+def _check_pace(load: Load, fixed_ms: float, sizes: np.ndarray) -> None:
     if fixed_ms <= 0 or not load.jobs or min(n for _, n in load.jobs) <= 0 or np.min(sizes) <= 0:
         raise ValueError(f"a decode pace needs fixed_ms > 0, jobs of > 0 tokens and sizes > 0: {fixed_ms}, {load.jobs}")
-    work_ms = _job_times(rule, load, fixed_ms, sizes)[0].mean(axis=1)
+
+
+def _pace(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray, job_ms: np.ndarray) -> np.ndarray:
+    """``decode_pace`` from the jobs' times at each size (``_job_times``)."""
+    work_ms = job_ms.mean(axis=1)
     busy = np.minimum(1.0, load.arrivals_per_ms * work_ms) if load.arrivals_per_ms > 0 else np.ones_like(work_ms)
     batch_ms = _batch_ms_many(rule, load.jobs, np.asarray(sizes, dtype=np.float64), fixed_ms)
     return 1.0 + busy * (batch_ms / fixed_ms - 1.0)
@@ -273,7 +284,12 @@ def _job_times(rule: ChunkRule, load: Load, fixed_ms: float, sizes: np.ndarray) 
 
 def fixed_chunk_ttft_ms(rule: ChunkRule, load: Load, fixed_ms: float, pending: int, sizes: np.ndarray) -> np.ndarray:
     """The predicted mean TTFT under a fixed chunk of each of ``sizes``: ``tuned_fixed_chunk``'s curve."""
-    work_ms, first_ms, last_ms = _job_times(rule, load, fixed_ms, sizes)
+    return _ttft_ms(rule, load, pending, _job_times(rule, load, fixed_ms, sizes))
+
+
+def _ttft_ms(rule: ChunkRule, load: Load, pending: int, times: tuple[np.ndarray, ...]) -> np.ndarray:
+    """``fixed_chunk_ttft_ms`` from the jobs' times, first and last batches at each size (``_job_times``)."""
+    work_ms, first_ms, last_ms = times
     stalls = rule.num_stages - 1
     held_ms = work_ms + stalls * np.maximum(last_ms - first_ms.mean(axis=1, keepdims=True), 0.0)
     alone_ms = (work_ms + stalls * last_ms).mean(axis=1)

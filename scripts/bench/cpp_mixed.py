@@ -7,15 +7,17 @@ ours and through every fixed chunk of the sweep up to the base chunk; the tuned 
 chunk is the one with the least mean TTFT on that very workload. It prints ours' mean
 TTFT and TPOT P99 over the tuned chunk's, and the goodput of both (the share of requests
 within the twin's default TTFT and TPOT bounds, twin/slo.py), per case and per surface.
-It asserts nothing.
+With ``--target-tpot-ms`` ours gets that ``target_tpot_ms`` (the comparator is still the
+tuned chunk): a target longer than any batch is CPP's TTFT-first setting. It asserts nothing.
 
     PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py [--surfaces a,b] [--bases 2048,4096,8192] \
-        [--seeds 0,1,2,3,4] [--stages 4] [--sweep 128,256,...]
+        [--seeds 0,1,2,3,4] [--stages 4] [--sweep 128,256,...] [--target-tpot-ms MS]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -46,6 +48,8 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], list[int], list[int
     for spec in args.surfaces.split(","):
         load_surface(spec)
     (stages,) = parse_stages(str(args.stages))
+    if args.target_tpot_ms is not None and not (math.isfinite(args.target_tpot_ms) and args.target_tpot_ms > 0):
+        raise ValueError(f"--target-tpot-ms {args.target_tpot_ms:g}: give a number of ms > 0, or leave it out")
     if stages < 2:
         raise ValueError(f"--stages {args.stages}: ours needs pipeline parallelism, P >= 2")
     return parse_chunks(args.bases, "--bases"), parse_seeds(args.seeds, "--seeds"), parse_chunks(args.sweep, "--sweep")
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--sweep", default=SWEEP, help="fixed chunk sizes the tuned fixed chunk is the best of")
+    parser.add_argument(
+        "--target-tpot-ms", type=float, default=None,
+        help="ours' target_tpot_ms (default none: CPP weighs the decodes' wait itself)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         bases, seeds, sweep = check_args(args)
@@ -70,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         for base in bases:
             for seed in seeds:
                 workload = mixed(surface, args.stages, seed=seed, reference_chunk_tokens=base)
-                policies = [pol.fixed(c) for c in sweep if c <= base] + [pol.ours(base)]
+                options = {} if args.target_tpot_ms is None else {"target_tpot_ms": args.target_tpot_ms}
+                policies = [pol.fixed(c) for c in sweep if c <= base] + [pol.ours(base, **options)]
                 cases.append(((spec, base, seed), pol.Setup(spec, args.stages, workload, seed), policies))
     results = pol.run_cases([(setup, policies) for _, setup, policies in cases])
     ratios: dict[tuple[str, int], list[tuple[float, float, float, float]]] = {}

@@ -95,6 +95,9 @@ SOURCES = (
     Source("cpp-mixed", (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192",),
            render_mixed),
+    Source("cpp-mixed-ttft-first", (
+        "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192 --target-tpot-ms 1e6",),
+           render_mixed),
     Source("cpp-surfaces", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_surfaces.py",), render_gate),
     Source("cpp-sched-overhead", ("PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_sched_overhead.py",),
            render_closing("CPP's cost per step")),

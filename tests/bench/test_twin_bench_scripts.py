@@ -55,6 +55,8 @@ def no_workers(monkeypatch):
         ("cpp_mixed", ["--seeds", "a"], "--seeds 'a': give whole numbers >= 0"),
         ("cpp_mixed", ["--sweep", "0"], "--sweep item '0'"),
         ("cpp_mixed", ["--surfaces", "nowhere"], "nowhere"),
+        ("cpp_mixed", ["--target-tpot-ms", "0"], "--target-tpot-ms 0: give a number of ms > 0, or leave it out"),
+        ("cpp_mixed", ["--target-tpot-ms", "nan"], "--target-tpot-ms nan: give a number of ms > 0"),
         ("cpp_surfaces", ["--stages", "0"], "--stages '0': give whole numbers >= 1"),
         ("cpp_surfaces", ["--stages", "1"], "--stages 1: ours needs pipeline parallelism, P >= 2"),
         ("cpp_surfaces", ["--bases", "1e12"], "--bases 1000000000000: a chunk budget must lie in [64, "),

@@ -1,8 +1,9 @@
 """The pinned upstream release: which files, their hashes, and a verified local cache.
 
 Every artefact the build reads is named in ``pin.json`` with its sha256. Files are
-downloaded from the package index that pip is configured with (``PIP_INDEX_URL`` or
-pip's default) into a cache folder that git ignores, and refused when the hash differs.
+downloaded from the package indexes that pip is configured with (``PIP_INDEX_URL`` or
+pip's default, then each ``PIP_EXTRA_INDEX_URL``) into a cache folder that git ignores,
+and refused when the hash differs.
 """
 
 from __future__ import annotations
@@ -112,6 +113,24 @@ def index_url() -> str:
     return url.rstrip("/")
 
 
+def extra_index_urls() -> list[str]:
+    """``PIP_EXTRA_INDEX_URL`` (separated by whitespace), else the extra-index-url of pip's configuration:
+    the indexes pip reads after ``index_url()``."""
+    urls = os.environ.get("PIP_EXTRA_INDEX_URL")
+    if urls is None:
+        try:
+            from pip._internal.configuration import Configuration
+
+            config = Configuration(isolated=False)
+            config.load()
+            urls = _configured(config, "install.extra-index-url") or _configured(config, "global.extra-index-url")
+        except Exception:  # pip's configuration is pip's internals: without it, no extra index
+            urls = None
+    first = index_url()
+    extras = [url.rstrip("/") for url in (urls or "").split()]
+    return [url for i, url in enumerate(extras) if url != first and url not in extras[:i]]
+
+
 def _configured(config, key: str) -> str | None:
     try:
         return config.get_value(key)
@@ -179,8 +198,29 @@ def offline() -> bool:
 
 
 def index_links(project: str) -> dict[str, tuple[str, str | None]]:
-    """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML)."""
-    url = f"{index_url()}/{project}/"
+    """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML) of
+    ``index_url()``, then of each extra index for the files it lacks, as pip reads them. An index that
+    cannot be read is skipped with a warning, as pip does, unless none can be."""
+    indexes = [index_url(), *extra_index_urls()]
+    links: dict[str, tuple[str, str | None]] = {}
+    failures: list[PinError] = []
+    for index in indexes:
+        try:
+            found = _index_links(index, project)
+        except PinError as exc:
+            failures.append(exc)
+            continue
+        for name, link in found.items():
+            links.setdefault(name, link)
+    if len(failures) == len(indexes):
+        raise failures[0] if len(failures) == 1 else PinError("; ".join(map(str, failures)))
+    for exc in failures:
+        print(f"warning: {exc}; the other indexes are read", file=sys.stderr)
+    return links
+
+
+def _index_links(index: str, project: str) -> dict[str, tuple[str, str | None]]:
+    url = f"{index}/{project}/"
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     if url.startswith("file:") and Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)).is_dir():
         url += "index.html"  # a directory index, as pip reads it
@@ -203,17 +243,18 @@ def _without_credentials(parts: urllib.parse.SplitResult) -> str:
 
 
 def shown_index() -> str:
-    """``index_url()`` as a message shows it: without credentials."""
-    return _without_credentials(urllib.parse.urlsplit(index_url()))
+    """``index_url()`` and any extra index, as a message shows them: without credentials."""
+    shown = [_without_credentials(urllib.parse.urlsplit(url)) for url in (index_url(), *extra_index_urls())]
+    return shown[0] + (f" (or the extra index {', '.join(shown[1:])})" if shown[1:] else "")
 
 
 def _request(url: str, **headers: str) -> urllib.request.Request:
     """A request for ``url``; credentials in it (``https://user:token@host/...``, as pip takes them) go in
     an Authorization header, which urllib does not make of them, and the index's go to files on its host."""
     parts = urllib.parse.urlsplit(url)
-    index = urllib.parse.urlsplit(index_url())
-    if parts.username is None and index.username is not None and index.hostname == parts.hostname:
-        parts = index._replace(path=parts.path, query=parts.query, fragment="")
+    for index in map(urllib.parse.urlsplit, (index_url(), *extra_index_urls())):
+        if parts.username is None and index.username is not None and index.hostname == parts.hostname:
+            parts = index._replace(path=parts.path, query=parts.query, fragment="")
     if parts.username is not None:
         user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
         headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()

@@ -21,6 +21,13 @@ GOOD = b"the real wheel bytes"
 GOOD_SHA = hashlib.sha256(GOOD).hexdigest()
 
 
+@pytest.fixture(autouse=True)
+def no_pip_configuration(monkeypatch):
+    """This machine's pip configuration (an extra index, say) stays out of every test but the ones that set it."""
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("PATCHSET_CACHE", str(tmp_path))
@@ -340,3 +347,73 @@ def test_a_hash_the_index_states_in_another_algorithm_is_checked_in_it(cache, mo
     with pytest.raises(PinError, match="bad.whl: md5 mismatch: the index states"):
         pinmod.fetch("bad.whl", None, "vllm-ascend")
     assert not (pinmod.cache_dir() / "downloads" / "bad.whl").exists()
+
+
+# Extra indexes (pip's extra-index-url)
+
+
+def _file_index(root, files: dict[str, bytes]) -> str:
+    """A folder index listing ``files`` for vllm-ascend, each with its sha256; its URL."""
+    page = root / "simple" / "vllm-ascend"
+    page.mkdir(parents=True)
+    anchors = []
+    for name, body in files.items():
+        (root / name).write_bytes(body)
+        anchors.append(f'<a href="../../{name}#sha256={hashlib.sha256(body).hexdigest()}">{name}</a>')
+    (page / "index.html").write_text("".join(anchors))
+    return (root / "simple").as_uri()
+
+
+def test_a_file_the_index_lacks_comes_from_an_extra_index_and_the_index_wins_where_both_list_it(
+    tmp_path, cache, monkeypatch
+):
+    first = _file_index(tmp_path / "mirror", {"a.tar.gz": b"a from the mirror"})
+    extra = _file_index(tmp_path / "extra", {"a.tar.gz": b"a from the extra", "x.whl": GOOD})
+    monkeypatch.setenv("PIP_INDEX_URL", first)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", f"{extra}  {first}/")  # the index itself is not read twice
+    assert pinmod.extra_index_urls() == [extra]
+    links = pinmod.index_links("vllm-ascend")
+    assert links["a.tar.gz"][0] == (tmp_path / "mirror" / "a.tar.gz").as_uri()
+    assert links["x.whl"][0] == (tmp_path / "extra" / "x.whl").as_uri()
+    assert pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend").read_bytes() == GOOD
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL")
+    with pytest.raises(PinError, match="does not list this file"):
+        pinmod.fetch("y.whl", GOOD_SHA, "vllm-ascend")
+
+
+def test_an_index_that_cannot_be_read_is_skipped_with_a_warning_unless_none_can(monkeypatch, capsys):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://down.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://up.example/simple")
+    page = b'<a href="/f/x.whl">x.whl</a>'
+
+    def urlopen(request, timeout):
+        if "down.example" in request.full_url:
+            raise urllib.error.URLError("connection refused")
+        return _Page(request.full_url, "text/html", page)
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    assert pinmod.index_links("vllm-ascend") == {"x.whl": ("https://up.example/f/x.whl", None)}
+    assert "warning: cannot read the package index https://down.example/simple/vllm-ascend/" in capsys.readouterr().err
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://down.example/other")
+    with pytest.raises(PinError) as info:
+        pinmod.index_links("vllm-ascend")
+    message = str(info.value)
+    assert "down.example/simple/vllm-ascend/" in message and "down.example/other/vllm-ascend/" in message
+
+
+def test_extra_indexes_come_from_pip_configuration_and_the_variable_wins(tmp_path, monkeypatch):
+    config = tmp_path / "pip.conf"
+    config.write_text("[global]\nextra-index-url =\n    https://one.example/simple/\n    https://two.example/simple\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    assert pinmod.extra_index_urls() == ["https://one.example/simple", "https://two.example/simple"]
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://three.example/simple")
+    assert pinmod.extra_index_urls() == ["https://three.example/simple"]
+
+
+def test_an_extra_index_credentials_go_to_its_host_and_never_into_a_message(monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://ci-user:s3cret@extra.example/simple")
+    expected = "Basic " + base64.b64encode(b"ci-user:s3cret").decode()
+    assert pinmod._request("https://extra.example/packages/a.whl").get_header("Authorization") == expected
+    assert pinmod._request("https://mirror.example/packages/a.whl").get_header("Authorization") is None
+    assert pinmod.shown_index() == "https://mirror.example/simple (or the extra index https://extra.example/simple)"

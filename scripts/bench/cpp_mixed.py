@@ -17,7 +17,6 @@ tuned chunk): a target longer than any batch is CPP's TTFT-first setting. It ass
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -26,7 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # scripts/: the to
 from cpp_surfaces import SURFACES  # noqa: E402
 from vllm_ascend_patchset.twin import policies as pol  # noqa: E402
 from vllm_ascend_patchset.twin.ladder import ladder  # noqa: E402
-from vllm_ascend_patchset.twin.options import parse_chunks, parse_seeds, parse_stages  # noqa: E402
+from vllm_ascend_patchset.twin.options import (  # noqa: E402
+    MAX_SLO_MS,
+    check_number,
+    parse_chunks,
+    parse_seeds,
+    parse_stages,
+)
 from vllm_ascend_patchset.twin.report import figures_from_result  # noqa: E402
 from vllm_ascend_patchset.twin.slo import default_slo  # noqa: E402
 from vllm_ascend_patchset.twin.stress import STRESS_SURFACES  # noqa: E402
@@ -48,8 +53,8 @@ def check_args(args: argparse.Namespace) -> tuple[list[int], list[int], list[int
     for spec in args.surfaces.split(","):
         load_surface(spec)
     (stages,) = parse_stages(str(args.stages))
-    if args.target_tpot_ms is not None and not (math.isfinite(args.target_tpot_ms) and args.target_tpot_ms > 0):
-        raise ValueError(f"--target-tpot-ms {args.target_tpot_ms:g}: give a number of ms > 0, or leave it out")
+    if args.target_tpot_ms is not None:
+        check_number(args.target_tpot_ms, "--target-tpot-ms", 0.0, MAX_SLO_MS, low_open=True, why="ms; a day at most")
     if stages < 2:
         raise ValueError(f"--stages {args.stages}: ours needs pipeline parallelism, P >= 2")
     return parse_chunks(args.bases, "--bases"), parse_seeds(args.seeds, "--seeds"), parse_chunks(args.sweep, "--sweep")

@@ -101,6 +101,8 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         # ms bounds of a day at most (1e300 was taken, and handed to ours as its target_tpot_ms)
         (["--slo-ttft-ms", "1e300"], "--slo-ttft-ms must be a finite number in (0, 86400000], got 1e+300"),
         (["--slo-tpot-ms", "1e300"], "--slo-tpot-ms must be a finite number in (0, 86400000], got 1e+300"),
+        (["--target-tpot-ms", "0"], "--target-tpot-ms must be a finite number in (0, 86400000], got 0.0"),
+        (["--target-tpot-ms", "nan"], "--target-tpot-ms must be a finite number in (0, 86400000], got nan"),
         # token counts within the twin's model (each started the workers: min_chunk failed in ours after the
         # other policies had run, a reference of 1e12 tokens never finished)
         (["--min-chunk", "1e12"], "--min-chunk must be a finite number in [1, 2097152], got 1000000000000"),
@@ -371,3 +373,13 @@ def test_the_json_is_written_whole_or_not_at_all_and_a_failure_keeps_the_tables(
     assert "could not write (No space left)" in capsys.readouterr().err
     monkeypatch.undo()
     assert command._write_json(target, [{"a": 1}]) and json.loads(target.read_text()) == [{"a": 1}]
+
+
+def test_ours_gets_the_target_tpot_ms_given_else_the_tpot_bound_goodput_is_judged_by():
+    from vllm_ascend_patchset.twin.command import build_parser, cpp_options
+
+    parser = build_parser()
+    assert "target_tpot_ms" not in cpp_options(parser.parse_args([]))
+    assert cpp_options(parser.parse_args(["--slo-tpot-ms", "80"]))["target_tpot_ms"] == 80.0
+    both = parser.parse_args(["--slo-tpot-ms", "80", "--target-tpot-ms", "1e6"])
+    assert cpp_options(both)["target_tpot_ms"] == 1e6  # TTFT first, goodput still judged at 80 ms

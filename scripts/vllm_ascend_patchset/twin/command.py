@@ -26,6 +26,7 @@ from . import policies as pol
 from .optimum import Optimum, optimum
 from .options import (
     MAX_NOISE,
+    MAX_SLO_MS,
     MAX_STAGES,
     TINY_MODEL_MAX_POSITIONS,
     add_workload_arguments,
@@ -92,6 +93,8 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.min_chunk is not None:
         why = "tokens; above --chunk CPP clamps it to --chunk, and no chunk of the twin's is longer"
         check_number(args.min_chunk, "--min-chunk", 1, TINY_MODEL_MAX_POSITIONS, why=why)
+    if args.target_tpot_ms is not None:
+        check_number(args.target_tpot_ms, "--target-tpot-ms", 0.0, MAX_SLO_MS, low_open=True, why="ms; a day at most")
     stage_counts = parse_stages(args.stages)
     if min(stage_counts) < 2 and policy_names(args) & {"ours", "upstream"}:
         raise ValueError(
@@ -146,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policies", default="fixed,tuned,upstream,ours", help="subset of fixed,tuned,upstream,ours")
     p.add_argument("--smooth-factor", type=float, default=None, help="CPP smooth_factor (default: each scheduler's)")
     p.add_argument("--min-chunk", type=tokens_option, default=None, help="CPP min_chunk (default: each scheduler's)")
+    p.add_argument(
+        "--target-tpot-ms",
+        type=float,
+        default=None,
+        help="ours' target_tpot_ms (default: --slo-tpot-ms, else none); one longer than any batch puts TTFT first",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload and of stage-time noise")
     p.add_argument(
         "--noise",
@@ -179,6 +188,8 @@ def cpp_options(args: argparse.Namespace) -> dict[str, Any]:
         options["min_chunk"] = args.min_chunk
     if getattr(args, "slo_tpot_ms", None) is not None:
         options["target_tpot_ms"] = args.slo_tpot_ms  # ours keeps to the bound goodput is judged by
+    if getattr(args, "target_tpot_ms", None) is not None:
+        options["target_tpot_ms"] = args.target_tpot_ms
     return options
 
 

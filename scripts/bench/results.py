@@ -81,6 +81,7 @@ def _twin(surface: str, args: str) -> str:
 LONG = "--workload long:32k,long:128k,long:256k --stages 2,4,8"
 MIXED = "--workload mixed --stages 4"
 TRACES = f"--workload {TRACE_SLICES} --load 0.5,0.8,0.95 --stages 2,4 --sweep 256,4096"
+TRACES_TTFT_FIRST = f"{TRACES} --policies tuned,ours --target-tpot-ms 1e6"  # CPP's TTFT-first setting
 E2E_TRACE = f'make bench-e2e BENCH_E2E_ARGS="--trace {TRACE}@42:20 --load 0.8 --output-cap 64 --fixed-pick 2"'
 E2E_TRACE_TARGET = (
     f'make bench-e2e BENCH_E2E_ARGS="--trace {TRACE}@42:20 --load 0.8 --output-cap 64 --fixed 128,256,512,1024'
@@ -92,6 +93,8 @@ SOURCES = (
     Source("twin-long", (_twin("cpu", LONG), _twin("synthetic", LONG)), render_long),
     Source("twin-mixed", (_twin("cpu", MIXED), _twin("synthetic", MIXED)), render_serving),
     Source("twin-traces", (_twin("cpu", TRACES), _twin("synthetic", TRACES)), render_serving),
+    Source("twin-traces-ttft-first", (_twin("cpu", TRACES_TTFT_FIRST), _twin("synthetic", TRACES_TTFT_FIRST)),
+           render_serving),
     Source("cpp-mixed", (
         "PYTHONPATH=scripts .venv/bin/python scripts/bench/cpp_mixed.py --bases 2048,4096,8192",),
            render_mixed),

@@ -8,10 +8,7 @@ and refused when the hash differs.
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import html.parser
-import http.client
 import json
 import os
 import shutil
@@ -23,14 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import remove_stale, scratch_dir
+from .package_index import PinError, index_links, index_request, not_listed, shown_index
 from .paths import PIN_FILE, cache_dir
 from .wheel_target import WheelTarget
 
 DOWNLOAD_SCRATCH = ".download-"
-
-
-class PinError(RuntimeError):
-    """A pinned input cannot be had or does not verify."""
 
 
 @dataclass(frozen=True)
@@ -94,97 +88,6 @@ def file_digest(path: Path, algorithm: str) -> str:
     return h.hexdigest()
 
 
-def index_url() -> str:
-    """``PIP_INDEX_URL``, else the index pip is configured with (pip.conf), else PyPI's."""
-    url = os.environ.get("PIP_INDEX_URL")
-    if not url:
-        try:
-            from pip._internal.configuration import Configuration
-
-            config = Configuration(isolated=False)
-            config.load()
-            url = _configured(config, "install.index-url") or _configured(config, "global.index-url")
-        except Exception:  # pip's configuration is pip's internals: without it, its default index
-            url = None
-    if not url:
-        from pip._internal.models.index import PyPI  # pip's own default index
-
-        url = PyPI.simple_url
-    return url.rstrip("/")
-
-
-def extra_index_urls() -> list[str]:
-    """``PIP_EXTRA_INDEX_URL`` (separated by whitespace), else the extra-index-url of pip's configuration:
-    the indexes pip reads after ``index_url()``."""
-    urls = os.environ.get("PIP_EXTRA_INDEX_URL")
-    if urls is None:
-        try:
-            from pip._internal.configuration import Configuration
-
-            config = Configuration(isolated=False)
-            config.load()
-            urls = _configured(config, "install.extra-index-url") or _configured(config, "global.extra-index-url")
-        except Exception:  # pip's configuration is pip's internals: without it, no extra index
-            urls = None
-    first = index_url()
-    extras = [url.rstrip("/") for url in (urls or "").split()]
-    return [url for i, url in enumerate(extras) if url != first and url not in extras[:i]]
-
-
-def _configured(config, key: str) -> str | None:
-    try:
-        return config.get_value(key)
-    except Exception:  # not set there
-        return None
-
-
-class _Anchors(html.parser.HTMLParser):
-    """The links of a PEP 503 simple page: (text, href) of every ``<a>``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.links: list[tuple[str, str]] = []
-        self._href: str | None = None
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag == "a":
-            self._href, self._text = dict(attrs).get("href"), ""
-
-    def handle_data(self, data: str) -> None:
-        if self._href is not None:
-            self._text += data
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "a" and self._href is not None:
-            self.links.append((self._text.strip(), self._href))
-            self._href = None
-
-
-def _stated_hash(hashes: dict) -> str | None:
-    """The hash an index states for a file: its sha256 (hex), else ``algorithm:hex`` of another that
-    hashlib always has (PEP 503 allows any, as pip checks any), else None."""
-    hashes = {str(k).lower(): str(v).lower() for k, v in hashes.items() if v}
-    if "sha256" in hashes:
-        return hashes["sha256"]
-    other = sorted(set(hashes) & hashlib.algorithms_guaranteed)
-    return f"{other[-1]}:{hashes[other[-1]]}" if other else None
-
-
-def _simple_files(page_url: str, content_type: str, body: bytes) -> dict[str, tuple[str, str | None]]:
-    """File name -> (url, stated hash) of a simple-API page: PEP 691 JSON, or the PEP 503 HTML many mirrors serve."""
-    if "json" in content_type:
-        data = json.loads(body)
-        return {f["filename"]: (f["url"], _stated_hash(f.get("hashes") or {})) for f in data["files"]}
-    anchors = _Anchors()
-    anchors.feed(body.decode("utf-8"))
-    files = {}
-    for name, href in anchors.links:
-        url, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
-        algorithm, _, digest = fragment.partition("=")
-        files[name] = (url, _stated_hash({algorithm: digest}))
-    return files
-
-
 def offline() -> bool:
     """``PATCHSET_OFFLINE=1`` (or true, yes, on): use only the cache, never the network; unset, empty, 0,
     false, no or off: the network too. Anything else is an error, not a silent download."""
@@ -197,73 +100,8 @@ def offline() -> bool:
     raise PinError(f"PATCHSET_OFFLINE={shown!r}: set it to 1 to work from the cache only, or to 0 (or unset it)")
 
 
-def index_links(project: str) -> dict[str, tuple[str, str | None]]:
-    """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML) of
-    ``index_url()``, then of each extra index for the files it lacks, as pip reads them. An index that
-    cannot be read is skipped with a warning, as pip does, unless none can be."""
-    indexes = [index_url(), *extra_index_urls()]
-    links: dict[str, tuple[str, str | None]] = {}
-    failures: list[PinError] = []
-    for index in indexes:
-        try:
-            found = _index_links(index, project)
-        except PinError as exc:
-            failures.append(exc)
-            continue
-        for name, link in found.items():
-            links.setdefault(name, link)
-    if len(failures) == len(indexes):
-        raise failures[0] if len(failures) == 1 else PinError("; ".join(map(str, failures)))
-    for exc in failures:
-        print(f"warning: {exc}; the other indexes are read", file=sys.stderr)
-    return links
-
-
-def _index_links(index: str, project: str) -> dict[str, tuple[str, str | None]]:
-    url = f"{index}/{project}/"
-    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
-    if url.startswith("file:") and Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)).is_dir():
-        url += "index.html"  # a directory index, as pip reads it
-    req = _request(url, Accept=accept)
-    url = req.full_url  # (without credentials: it goes into messages)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            return _simple_files(resp.geturl(), resp.headers.get_content_type(), resp.read())
-    except (OSError, TimeoutError, ValueError, KeyError, TypeError, http.client.HTTPException) as exc:
-        raise PinError(
-            f"cannot read the package index {url} ({exc}); check the network or PIP_INDEX_URL, "
-            f"or work from the cache {cache_dir() / 'downloads'} with PATCHSET_OFFLINE=1"
-        ) from exc
-
-
-def _without_credentials(parts: urllib.parse.SplitResult) -> str:
-    """The URL of ``parts`` without its ``user:token@``: what a request goes to and a message may show."""
-    host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit(parts._replace(netloc=host))
-
-
-def shown_index() -> str:
-    """``index_url()`` and any extra index, as a message shows them: without credentials."""
-    shown = [_without_credentials(urllib.parse.urlsplit(url)) for url in (index_url(), *extra_index_urls())]
-    return shown[0] + (f" (or the extra index {', '.join(shown[1:])})" if shown[1:] else "")
-
-
-def _request(url: str, **headers: str) -> urllib.request.Request:
-    """A request for ``url``; credentials in it (``https://user:token@host/...``, as pip takes them) go in
-    an Authorization header, which urllib does not make of them, and the index's go to files on its host."""
-    parts = urllib.parse.urlsplit(url)
-    for index in map(urllib.parse.urlsplit, (index_url(), *extra_index_urls())):
-        if parts.username is None and index.username is not None and index.hostname == parts.hostname:
-            parts = index._replace(path=parts.path, query=parts.query, fragment="")
-    if parts.username is not None:
-        user = urllib.parse.unquote(parts.username) + ":" + urllib.parse.unquote(parts.password or "")
-        headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
-        url = _without_credentials(parts)
-    return urllib.request.Request(url, headers=headers)
-
-
 def _download(url: str, dest: Path) -> None:
-    with urllib.request.urlopen(_request(url), timeout=300) as resp, open(dest, "wb") as out:
+    with urllib.request.urlopen(index_request(url), timeout=300) as resp, open(dest, "wb") as out:
         while block := resp.read(1 << 20):
             out.write(block)
 
@@ -300,7 +138,7 @@ def fetch(filename: str, sha256: str | None, project: str) -> Path:
         try:
             links = index_links(project)
             if filename not in links:
-                raise PinError(f"{filename}: the package index {shown_index()} does not list this file")
+                raise PinError(not_listed(filename, links))
             url, index_hash = links[filename]
             _download(url, part)
         except (PinError, OSError, TimeoutError) as exc:

@@ -11,7 +11,7 @@ import os
 import urllib.error
 
 import pytest
-from vllm_ascend_patchset import check
+from vllm_ascend_patchset import check, package_index
 from vllm_ascend_patchset import pin as pinmod
 from vllm_ascend_patchset.cli import main
 from vllm_ascend_patchset.pin import Pin, PinError
@@ -24,8 +24,23 @@ GOOD_SHA = hashlib.sha256(GOOD).hexdigest()
 @pytest.fixture(autouse=True)
 def no_pip_configuration(monkeypatch):
     """This machine's pip configuration (an extra index, say) stays out of every test but the ones that set it."""
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)  # pip then reads no configuration file at all
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(package_index, "_WARNED", set())
+
+
+def _only_this_pip_conf(monkeypatch, tmp_path, text: str) -> None:
+    """pip reads ``text`` as its configuration, and no global, site or user file besides."""
+    config = tmp_path / "pip.conf"
+    config.write_text(text)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "no-global"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user"))
+    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))
+    from pip._internal import configuration
+
+    monkeypatch.setattr(configuration, "site_config_file", str(tmp_path / "no-site" / "pip.conf"), raising=False)
 
 
 @pytest.fixture
@@ -241,7 +256,7 @@ def test_an_index_that_serves_only_pep_503_html_is_read_as_pip_reads_it(monkeypa
         return _Page(request.full_url, "text/html", page)
 
     monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
-    links = pinmod.index_links("vllm-ascend")
+    links = package_index.index_links("vllm-ascend")
     assert seen == ["https://mirror.example/pypi/simple/vllm-ascend/"]
     assert links == {
         "vllm_ascend-0.23.0-cp311-cp311-manylinux_2_34_x86_64.whl": (
@@ -253,13 +268,10 @@ def test_an_index_that_serves_only_pep_503_html_is_read_as_pip_reads_it(monkeypa
 
 
 def test_the_index_pip_is_configured_with_is_used_without_pip_index_url(tmp_path, monkeypatch):
-    config = tmp_path / "pip.conf"
-    config.write_text("[global]\nindex-url = https://mirror.example/simple\n")
-    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
-    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
-    assert pinmod.index_url() == "https://mirror.example/simple"
+    _only_this_pip_conf(monkeypatch, tmp_path, "[global]\nindex-url = https://mirror.example/simple\n")
+    assert package_index.index_url() == "https://mirror.example/simple"
     monkeypatch.setenv("PIP_INDEX_URL", "https://other.example/simple/")  # the variable wins, as in pip
-    assert pinmod.index_url() == "https://other.example/simple"
+    assert package_index.index_url() == "https://other.example/simple"
 
 
 def test_credentials_in_the_index_url_go_in_a_header_and_never_into_a_message(monkeypatch):
@@ -273,13 +285,13 @@ def test_credentials_in_the_index_url_go_in_a_header_and_never_into_a_message(mo
 
     monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
     with pytest.raises(PinError) as info:
-        pinmod.index_links("vllm-ascend")
+        package_index.index_links("vllm-ascend")
     expected = "Basic " + base64.b64encode(b"ci-user:s3cr@t").decode()
     assert seen == [("https://mirror.example/simple/vllm-ascend/", expected)]
     assert "s3cr" not in str(info.value) and "mirror.example/simple/vllm-ascend/" in str(info.value)
     # A file on the index's host gets them too; one elsewhere does not.
-    assert pinmod._request("https://mirror.example/packages/a.whl").get_header("Authorization") == expected
-    assert pinmod._request("https://files.example/a.whl").get_header("Authorization") is None
+    assert package_index.index_request("https://mirror.example/packages/a.whl").get_header("Authorization") == expected
+    assert package_index.index_request("https://files.example/a.whl").get_header("Authorization") is None
 
 
 def test_a_file_index_is_read_from_its_folders_index_html_and_hashes_in_capitals_are_kept(tmp_path, monkeypatch):
@@ -289,7 +301,7 @@ def test_a_file_index_is_read_from_its_folders_index_html_and_hashes_in_capitals
         '<a href="../../f/vllm_ascend-0.23.0.tar.gz#sha256=AB12CD">vllm_ascend-0.23.0.tar.gz</a>'
     )
     monkeypatch.setenv("PIP_INDEX_URL", (tmp_path / "simple").as_uri())
-    links = pinmod.index_links("vllm-ascend")
+    links = package_index.index_links("vllm-ascend")
     assert links == {"vllm_ascend-0.23.0.tar.gz": ((tmp_path / "f" / "vllm_ascend-0.23.0.tar.gz").as_uri(), "ab12cd")}
 
 
@@ -340,7 +352,7 @@ def test_a_hash_the_index_states_in_another_algorithm_is_checked_in_it(cache, mo
     monkeypatch.setattr(
         pinmod.urllib.request, "urlopen", lambda request, timeout: _Page(request.full_url, "text/html", page)
     )
-    links = pinmod.index_links("vllm-ascend")
+    links = package_index.index_links("vllm-ascend")
     assert links["good.whl"][1] == "sha512:" + hashlib.sha512(body).hexdigest()
     assert links["odd.whl"][1] is None  # an algorithm hashlib may lack: no hash stated, as before
     assert pinmod.fetch("good.whl", None, "vllm-ascend").read_bytes() == body
@@ -371,8 +383,8 @@ def test_a_file_the_index_lacks_comes_from_an_extra_index_and_the_index_wins_whe
     extra = _file_index(tmp_path / "extra", {"a.tar.gz": b"a from the extra", "x.whl": GOOD})
     monkeypatch.setenv("PIP_INDEX_URL", first)
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", f"{extra}  {first}/")  # the index itself is not read twice
-    assert pinmod.extra_index_urls() == [extra]
-    links = pinmod.index_links("vllm-ascend")
+    assert package_index.extra_index_urls() == [extra]
+    links = package_index.index_links("vllm-ascend")
     assert links["a.tar.gz"][0] == (tmp_path / "mirror" / "a.tar.gz").as_uri()
     assert links["x.whl"][0] == (tmp_path / "extra" / "x.whl").as_uri()
     assert pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend").read_bytes() == GOOD
@@ -392,28 +404,89 @@ def test_an_index_that_cannot_be_read_is_skipped_with_a_warning_unless_none_can(
         return _Page(request.full_url, "text/html", page)
 
     monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
-    assert pinmod.index_links("vllm-ascend") == {"x.whl": ("https://up.example/f/x.whl", None)}
+    assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://up.example/f/x.whl", None)}
     assert "warning: cannot read the package index https://down.example/simple/vllm-ascend/" in capsys.readouterr().err
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://down.example/other")
     with pytest.raises(PinError) as info:
-        pinmod.index_links("vllm-ascend")
+        package_index.index_links("vllm-ascend")
     message = str(info.value)
     assert "down.example/simple/vllm-ascend/" in message and "down.example/other/vllm-ascend/" in message
 
 
 def test_extra_indexes_come_from_pip_configuration_and_the_variable_wins(tmp_path, monkeypatch):
-    config = tmp_path / "pip.conf"
-    config.write_text("[global]\nextra-index-url =\n    https://one.example/simple/\n    https://two.example/simple\n")
-    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
-    assert pinmod.extra_index_urls() == ["https://one.example/simple", "https://two.example/simple"]
+    conf = "[global]\nextra-index-url =\n    https://one.example/simple/\n    https://two.example/simple\n"
+    _only_this_pip_conf(monkeypatch, tmp_path, conf)
+    assert package_index.extra_index_urls() == ["https://one.example/simple", "https://two.example/simple"]
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://three.example/simple")
-    assert pinmod.extra_index_urls() == ["https://three.example/simple"]
+    assert package_index.extra_index_urls() == ["https://three.example/simple"]
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", " ")  # empty counts as unset, as in pip
+    assert package_index.extra_index_urls() == ["https://one.example/simple", "https://two.example/simple"]
 
 
 def test_an_extra_index_credentials_go_to_its_host_and_never_into_a_message(monkeypatch):
     monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://ci-user:s3cret@extra.example/simple")
     expected = "Basic " + base64.b64encode(b"ci-user:s3cret").decode()
-    assert pinmod._request("https://extra.example/packages/a.whl").get_header("Authorization") == expected
-    assert pinmod._request("https://mirror.example/packages/a.whl").get_header("Authorization") is None
-    assert pinmod.shown_index() == "https://mirror.example/simple (or the extra index https://extra.example/simple)"
+    assert package_index.index_request("https://extra.example/packages/a.whl").get_header("Authorization") == expected
+    assert package_index.index_request("https://mirror.example/packages/a.whl").get_header("Authorization") is None
+    assert (
+        package_index.shown_index() == "https://mirror.example/simple (or the extra index https://extra.example/simple)"
+    )
+    # Not over another port or scheme, and never on to wherever a redirect points.
+    assert package_index.index_request("https://extra.example:8443/a.whl").get_header("Authorization") is None
+    assert package_index.index_request("http://extra.example/a.whl").get_header("Authorization") is None
+    request = package_index.index_request("https://extra.example/packages/a.whl")
+    assert "Authorization" not in request.headers and request.unredirected_hdrs["Authorization"] == expected
+
+
+def test_of_two_indexes_on_one_host_a_file_gets_the_credentials_of_the_one_whose_path_it_shares(monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://u:one@git.example/api/projects/1/packages/pypi/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://u:two@git.example/api/projects/2/packages/pypi/simple")
+    two = "Basic " + base64.b64encode(b"u:two").decode()
+    assert (
+        package_index.index_request("https://git.example/api/projects/2/packages/pypi/files/x.whl").get_header(
+            "Authorization"
+        )
+        == two
+    )
+
+
+def test_an_index_without_the_project_lists_nothing_and_a_malformed_one_is_skipped_without_its_token(
+    monkeypatch, capsys
+):
+    monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    page = b'<a href="/f/x.whl">x.whl</a>'
+
+    def urlopen(request, timeout):
+        if "empty.example" in request.full_url:
+            raise urllib.error.HTTPError(request.full_url, 404, "Not Found", None, None)
+        return _Page(request.full_url, "text/html", page)
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://empty.example/simple")
+    assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://mirror.example/f/x.whl", None)}
+    assert capsys.readouterr().err == ""  # (pip reads a 404 as no files)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "ci:S3CRET@pkgs.example/simple https://u:t@bad.example:44x3/simple")
+    for _ in range(2):
+        assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://mirror.example/f/x.whl", None)}
+    warned = capsys.readouterr().err
+    assert warned.count("warning: cannot read the package index") == 2, "each once per process"
+    assert "S3CRET" not in warned and "u:t" not in warned and "pkgs.example/simple" in warned
+
+
+def test_an_index_that_cannot_be_read_is_named_as_such_when_no_other_lists_the_file(tmp_path, cache, monkeypatch):
+    extra = _file_index(tmp_path / "extra", {"other.whl": b"other"})
+    monkeypatch.setenv("PIP_INDEX_URL", "https://down.example/simple")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", extra)
+    real_urlopen = pinmod.urllib.request.urlopen
+
+    def urlopen(request, timeout):
+        if "down.example" in request.full_url:
+            raise urllib.error.URLError("connection refused")
+        return real_urlopen(request, timeout=timeout)
+
+    monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
+    with pytest.raises(PinError) as info:
+        pinmod.fetch("x.whl", GOOD_SHA, "vllm-ascend")
+    message = str(info.value)
+    assert f"the package index {extra} does not list this file (and https://down.example/simple could not" in message

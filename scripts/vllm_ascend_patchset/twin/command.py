@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-tpot-ms",
         type=float,
         default=None,
-        help="ours' target_tpot_ms (default: --slo-tpot-ms, else none); one longer than any batch puts TTFT first",
+        help="CPP's target_tpot_ms (ours, upstream; default: --slo-tpot-ms, else none); 1e6 puts TTFT first",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload and of stage-time noise")
     p.add_argument(

@@ -32,15 +32,13 @@ def no_pip_configuration(monkeypatch):
 
 def _only_this_pip_conf(monkeypatch, tmp_path, text: str) -> None:
     """pip reads ``text`` as its configuration, and no global, site or user file besides."""
+    from pip._internal import configuration
+
     config = tmp_path / "pip.conf"
     config.write_text(text)
     monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
-    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "no-global"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user"))
-    monkeypatch.setenv("HOME", str(tmp_path / "no-home"))
-    from pip._internal import configuration
-
-    monkeypatch.setattr(configuration, "site_config_file", str(tmp_path / "no-site" / "pip.conf"), raising=False)
+    nowhere = {kind: [] for kind in (configuration.Kind.GLOBAL, configuration.Kind.SITE, configuration.Kind.USER)}
+    monkeypatch.setattr(configuration, "get_configuration_files", lambda: nowhere)
 
 
 @pytest.fixture

@@ -157,8 +157,12 @@ def _index_links(index: str, project: str, indexes: Sequence[str]) -> dict[str, 
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     shown = f"{_shown(index)}/{project}/"
     try:
-        if url.startswith("file:") and Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path)).is_dir():
-            url += "index.html"  # a directory index, as pip reads it
+        if url.startswith("file:"):
+            folder = Path(urllib.request.url2pathname(urllib.parse.urlsplit(url).path))
+            if folder.is_dir():
+                url += "index.html"  # a directory index, as pip reads it
+            elif not folder.exists() and folder.parent.is_dir():
+                return {}  # the index has no such project: its 404
         req = index_request(url, indexes, Accept=accept)
         shown = req.full_url  # (without credentials: it goes into messages)
         with urllib.request.urlopen(req, timeout=60) as resp:

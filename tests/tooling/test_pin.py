@@ -450,7 +450,7 @@ def test_of_two_indexes_on_one_host_a_file_gets_the_credentials_of_the_one_whose
 
 
 def test_an_index_without_the_project_lists_nothing_and_a_malformed_one_is_skipped_without_its_token(
-    monkeypatch, capsys
+    tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
     page = b'<a href="/f/x.whl">x.whl</a>'
@@ -458,12 +458,18 @@ def test_an_index_without_the_project_lists_nothing_and_a_malformed_one_is_skipp
     def urlopen(request, timeout):
         if "empty.example" in request.full_url:
             raise urllib.error.HTTPError(request.full_url, 404, "Not Found", None, None)
+        if request.full_url.startswith("file:"):
+            raise urllib.error.URLError("[Errno 2] No such file or directory")  # as urllib says of a missing folder
         return _Page(request.full_url, "text/html", page)
 
     monkeypatch.setattr(pinmod.urllib.request, "urlopen", urlopen)
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://empty.example/simple")
     assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://mirror.example/f/x.whl", None)}
     assert capsys.readouterr().err == ""  # (pip reads a 404 as no files)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", (tmp_path / "simple").as_uri())  # a folder index without the project
+    (tmp_path / "simple").mkdir()
+    assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://mirror.example/f/x.whl", None)}
+    assert capsys.readouterr().err == ""
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "ci:S3CRET@pkgs.example/simple https://u:t@bad.example:44x3/simple")
     for _ in range(2):
         assert package_index.index_links("vllm-ascend") == {"x.whl": ("https://mirror.example/f/x.whl", None)}

@@ -26,7 +26,7 @@ from .paths import cache_dir
 
 
 class PinError(RuntimeError):
-    """A pinned input cannot be had or does not verify."""
+    """A pinned input cannot be had or does not verify (pin.py's error; here, where reading an index raises it)."""
 
 
 def index_url() -> str:
@@ -128,7 +128,7 @@ def index_links(project: str) -> Listing:
     """File name -> (url, sha256 the index states) from the simple API (PEP 691 JSON, or PEP 503 HTML) of
     ``index_url()``, then of each extra index for the files it lacks. An index without the project (HTTP
     404) lists nothing, as in pip; one that cannot be read is skipped with a warning, unless none can be."""
-    indexes = [index_url(), *extra_index_urls()]
+    indexes = _indexes()
     links, failures = Listing(), []
     for index in indexes:
         try:
@@ -195,7 +195,7 @@ def _shown(url: str) -> str:
 
 def shown_index() -> str:
     """``index_url()`` and any extra index, as a message shows them: without credentials."""
-    shown = [_shown(url) for url in (index_url(), *extra_index_urls())]
+    shown = [_shown(url) for url in _indexes()]
     extra = f" (or the extra index{'es' if len(shown) > 2 else ''} {', '.join(shown[1:])})" if shown[1:] else ""
     return shown[0] + extra
 
@@ -210,7 +210,8 @@ def index_request(url: str, indexes: Sequence[str] | None = None, **headers: str
         raise ValueError(f"an index URL must start with http://, https:// or file://, not {_shown(url)!r}")
     if parts.username is None:
         held = [urllib.parse.urlsplit(i) for i in (indexes if indexes is not None else _indexes())]
-        same = [i for i in held if i.username is not None and _origin(i) is not None and _origin(i) == _origin(parts)]
+        origin = _origin(parts)
+        same = [i for i in held if i.username is not None and origin is not None and _origin(i) == origin]
         if same:
             index = max(same, key=lambda i: len(os.path.commonprefix([i.path.split("/"), parts.path.split("/")])))
             parts = index._replace(path=parts.path, query=parts.query, fragment="")
@@ -222,6 +223,7 @@ def index_request(url: str, indexes: Sequence[str] | None = None, **headers: str
 
 
 def _indexes() -> list[str]:
+    """Every index pip reads, in its order: ``index_url()``, then the extra ones."""
     return [index_url(), *extra_index_urls()]
 
 

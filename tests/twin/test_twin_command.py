@@ -102,6 +102,8 @@ GOOD_ROWS = "".join(f"{c},{h},{1 + c / 100 + h / 1000}\n" for c in (256, 512, 10
         (["--slo-ttft-ms", "1e300"], "--slo-ttft-ms must be a finite number in (0, 86400000], got 1e+300"),
         (["--slo-tpot-ms", "1e300"], "--slo-tpot-ms must be a finite number in (0, 86400000], got 1e+300"),
         (["--target-tpot-ms", "0"], "--target-tpot-ms must be a finite number in (0, 86400000], got 0.0"),
+        (["--tune", "--target-tpot-ms", "50"], "--tune searches the base chunk and smooth factor alone: leave out"),
+        (["--tune", "--min-chunk", "256"], "leave out --min-chunk"),
         (["--target-tpot-ms", "nan"], "--target-tpot-ms must be a finite number in (0, 86400000], got nan"),
         # token counts within the twin's model (each started the workers: min_chunk failed in ours after the
         # other policies had run, a reference of 1e12 tokens never finished)

@@ -107,6 +107,11 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed must be >= 0, got {args.seed}")
     if args.sweep is not None:
         parse_chunks(args.sweep, "--sweep")
+    unused = [
+        flag for flag, value in (("--target-tpot-ms", args.target_tpot_ms), ("--min-chunk", args.min_chunk)) if value
+    ]
+    if args.tune and unused:  # (the candidates run with the scheduler's own settings but the two searched)
+        raise ValueError(f"--tune searches the base chunk and smooth factor alone: leave out {' and '.join(unused)}")
     if args.tune_base_chunks is not None:
         parse_chunks(args.tune_base_chunks, "--tune-base-chunks")
     if args.tune_smooth_factors is not None:

@@ -77,13 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         parser.error(str(error))
     cases, slos = [], {}
+    options = {} if args.target_tpot_ms is None else {"target_tpot_ms": args.target_tpot_ms}
     for spec in args.surfaces.split(","):
         surface = load_surface(spec)
         slos[spec] = default_slo(surface, args.stages)
         for base in bases:
             for seed in seeds:
                 workload = mixed(surface, args.stages, seed=seed, reference_chunk_tokens=base)
-                options = {} if args.target_tpot_ms is None else {"target_tpot_ms": args.target_tpot_ms}
                 policies = [pol.fixed(c) for c in sweep if c <= base] + [pol.ours(base, **options)]
                 cases.append(((spec, base, seed), pol.Setup(spec, args.stages, workload, seed), policies))
     results = pol.run_cases([(setup, policies) for _, setup, policies in cases])
